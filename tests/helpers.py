@@ -1,0 +1,26 @@
+"""Shared test helpers: in-process engines and engine settings sized for a 2-core CPU."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from vllm_ext.assets import model_path
+
+# small, explicit KV size: on CPU gpu_memory_utilization reserves a share of all RAM
+ENGINE_DEFAULTS = dict(enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=4096,
+                       seed=0)
+
+
+@contextmanager
+def engine(model: str, **kwargs) -> Iterator:
+    """An in-process ``vllm.LLM`` over model asset ``model``; freed on exit."""
+    from vllm import LLM
+
+    llm = LLM(model=str(model_path(model)), **{**ENGINE_DEFAULTS, **kwargs})
+    try:
+        yield llm
+    finally:
+        del llm
+        gc.collect()

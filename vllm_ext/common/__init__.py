@@ -1,0 +1,1 @@
+"""Plumbing shared by every vllm_ext system: version gate, config, logging, counters."""

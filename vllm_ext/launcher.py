@@ -1,0 +1,153 @@
+"""Compose a plain ``vllm serve`` command line from ``--plugins`` words.
+
+vLLM has no ``--plugins`` flag; ``vllm-ext serve MODEL --plugins a,b [vllm args]``
+turns each word into what that system needs — ``VLLM_PLUGINS`` names (general
+and endpoint plugins; vLLM 0.32 loads endpoint routes only when allowlisted),
+a ``--scheduler-cls``, a KV connector (several connectors become one
+``MultiConnector``), extra flags — and prints the equivalent plain command.
+Pure Python: it never imports vLLM, so it also runs where vLLM is broken.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+class LaunchError(ValueError):
+    """The requested combination of plugins and vLLM flags cannot be composed."""
+
+
+@dataclass(frozen=True)
+class SystemLaunch:
+    """What one ``--plugins`` word adds to ``vllm serve``.
+
+    ``allowlist`` names plugins that load only when listed in ``VLLM_PLUGINS``
+    (vLLM's ``vllm.endpoint_plugins``); general plugins load by default.
+    """
+
+    name: str
+    allowlist: tuple[str, ...] = ()
+    scheduler_cls: str | None = None
+    kv_connector: Mapping | None = None
+    flags: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+# Systems join this table as they land (their issue adds the entry).
+SYSTEMS: dict[str, SystemLaunch] = {}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def shell(self) -> str:
+        """The plan as one copy-pasteable shell command."""
+        env = " ".join(f"{key}={shlex.quote(val)}" for key, val in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+def parse_plugin_list(text: str, systems: Mapping[str, SystemLaunch]) -> list[str]:
+    """``"leap, histate"`` → ``["leap", "histate"]``; unknown words raise, listing valid ones."""
+    names = [word.strip() for word in text.split(",") if word.strip()]
+    unknown = [name for name in names if name not in systems]
+    if unknown:
+        valid = ", ".join(sorted(systems)) or "(none yet)"
+        raise LaunchError(f"unknown plugin(s) {', '.join(unknown)}; valid plugins: {valid}")
+    if len(set(names)) != len(names):
+        raise LaunchError(f"plugin listed twice in {text!r}")
+    return names
+
+
+def compose(model: str, plugins: Sequence[str], vllm_args: Sequence[str],
+            environ: Mapping[str, str], general_plugins: Sequence[str] = (),
+            systems: Mapping[str, SystemLaunch] = SYSTEMS) -> LaunchPlan:
+    """Build the ``vllm serve`` argv and env for ``plugins`` on top of the user's args.
+
+    Args:
+        general_plugins: names of all installed ``vllm.general_plugins``; kept
+            loadable when ``VLLM_PLUGINS`` must be set for an allowlisted plugin.
+    """
+    chosen = [systems[name] for name in plugins]
+    args = list(vllm_args)
+    user_kv = _pop_flag(args, "--kv-transfer-config")
+    args += _scheduler_flags(chosen, args)
+    connectors = [dict(s.kv_connector) for s in chosen if s.kv_connector]
+    if user_kv is not None:
+        connectors.insert(0, _parse_kv_json(user_kv))
+    if connectors:
+        args += ["--kv-transfer-config", json.dumps(_one_connector(connectors), sort_keys=True)]
+    for system in chosen:
+        args += [flag for flag in system.flags if flag not in args]
+    env = _compose_env(chosen, environ, general_plugins)
+    return LaunchPlan(("vllm", "serve", model, *args), env)
+
+
+def _pop_flag(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag:
+            if i + 1 >= len(args):
+                raise LaunchError(f"{flag} needs a value")
+            value = args[i + 1]
+            del args[i:i + 2]
+            return value
+        if arg.startswith(flag + "="):
+            del args[i]
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _scheduler_flags(chosen: Sequence[SystemLaunch], args: Sequence[str]) -> list[str]:
+    wanted = [s for s in chosen if s.scheduler_cls]
+    if not wanted:
+        return []
+    if len(wanted) > 1:
+        raise LaunchError(f"plugins {', '.join(s.name for s in wanted)} each replace the scheduler")
+    if any(a == "--scheduler-cls" or a.startswith("--scheduler-cls=") for a in args):
+        raise LaunchError(f"plugin {wanted[0].name} sets --scheduler-cls; do not pass it as well")
+    return ["--scheduler-cls", wanted[0].scheduler_cls]
+
+
+def _parse_kv_json(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LaunchError(f"--kv-transfer-config is not valid JSON: {exc}") from None
+    if not isinstance(value, dict) or "kv_connector" not in value:
+        raise LaunchError("--kv-transfer-config must be a JSON object with 'kv_connector'")
+    return value
+
+
+def _one_connector(connectors: list[dict]) -> dict:
+    """vLLM has one KV-connector slot: several connectors share it through MultiConnector."""
+    if len(connectors) == 1:
+        return {"kv_role": "kv_both", **connectors[0]}
+    inner = [{"kv_role": "kv_both", **c} for c in connectors]
+    return {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": inner},
+    }
+
+
+def _compose_env(chosen: Sequence[SystemLaunch], environ: Mapping[str, str],
+                 general_plugins: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    needed = [name for s in chosen for name in s.allowlist]
+    existing = environ.get("VLLM_PLUGINS")
+    # an unset VLLM_PLUGINS loads every general plugin; setting it (only when an
+    # allowlisted plugin needs it) must not silently drop the others
+    if needed or existing is not None:
+        names = [n.strip() for n in existing.split(",")] if existing is not None else list(general_plugins)
+        names += [name for name in needed if name not in names]
+        env["VLLM_PLUGINS"] = ",".join(name for name in names if name)
+    for system in chosen:
+        for key, value in system.env.items():
+            if env.get(key, value) != value:
+                raise LaunchError(f"plugins disagree on {key}")
+            env[key] = value
+    return env

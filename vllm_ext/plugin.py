@@ -1,0 +1,20 @@
+"""``vllm.general_plugins`` entry point of the shared plumbing (name: ``vllm_ext``).
+
+vLLM calls it in every process (API server, EngineCore, workers). It is
+re-entrant, cheap and registers names only; each system has its own entry
+point, listed in ``pyproject.toml``, so ``VLLM_PLUGINS`` can select systems.
+"""
+
+from __future__ import annotations
+
+from vllm_ext import __version__
+from vllm_ext.common.compat import installed_vllm_version, supported_vllm
+from vllm_ext.common.log import get_logger
+
+logger = get_logger(__name__)
+
+
+def register() -> None:
+    """Check the vLLM version once per process; systems register only after this passes."""
+    if supported_vllm():
+        logger.debug("vllm_ext %s loaded on vLLM %s", __version__, installed_vllm_version())
