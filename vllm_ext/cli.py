@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-from pathlib import Path
 
 from vllm_ext.launcher import SYSTEMS, LaunchError, compose, parse_plugin_list
+from vllm_ext.patches import vllm_cpu_cli_version
 
 
 def _emit(text: str) -> None:
@@ -21,13 +20,10 @@ def _emit(text: str) -> None:
     sys.stdout.flush()
 
 
-def _vllm_executable() -> str:
-    # prefer the vllm next to this interpreter: the one installed with vllm_ext
-    sibling = Path(sys.executable).parent / "vllm"
-    found = str(sibling) if sibling.exists() else shutil.which("vllm")
-    if not found:
-        raise LaunchError("no `vllm` executable found; install vllm_ext[cpu] or vllm_ext[cuda]")
-    return found
+def _vllm_cli_argv() -> list[str]:
+    # vLLM's own CLI, through vllm_ext.vllm_main: on a vllm-cpu install plain
+    # `vllm` cannot start (patches/vllm_cpu_cli_version.py); elsewhere it is the same
+    return [sys.executable, "-m", "vllm_ext.vllm_main"]
 
 
 def _general_plugin_names() -> list[str]:
@@ -51,10 +47,13 @@ def serve(argv: list[str]) -> int:
     except LaunchError as exc:
         parser.error(str(exc))
     _emit("Equivalent command:\n  " + plan.shell())
+    if vllm_cpu_cli_version.needed():
+        _emit("  (vllm-cpu 0.32 cannot start plain `vllm`: use `python -m vllm_ext.vllm_main` "
+              "in its place; see patches/README.md)")
     if args.dry_run:
         return 0
-    env = {**os.environ, **plan.env}
-    os.execve(_vllm_executable(), [_vllm_executable(), *plan.argv[1:]], env)
+    argv = [*_vllm_cli_argv(), *plan.argv[1:]]
+    os.execve(sys.executable, argv, {**os.environ, **plan.env})
     return 0  # not reached
 
 

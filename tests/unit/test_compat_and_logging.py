@@ -1,0 +1,66 @@
+"""Version gate and vLLM-style logging."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from vllm_ext.common import compat
+from vllm_ext.common.log import get_logger
+
+
+@pytest.mark.parametrize("version, ok", [
+    ("0.32.0", True), ("0.32.3+cpu", True), ("0.31.9", False), ("0.33.0", False),
+    ("1.32.0", False), ("garbage", False), (None, False),
+])
+def test_supported_series(version, ok):
+    assert compat.is_supported(version) is ok
+
+
+def test_unsupported_vllm_warns_once_and_plugin_registers_nothing(monkeypatch, caplog):
+    monkeypatch.setattr(compat, "installed_vllm_version", lambda: "0.31.0")
+    compat.supported_vllm.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm"):
+            logging.getLogger("vllm").propagate = True
+            assert compat.supported_vllm() is False
+            assert compat.supported_vllm() is False
+        warnings = [r for r in caplog.records if "supports vLLM 0.32.x but found 0.31.0" in r.message]
+        assert len(warnings) == 1
+    finally:
+        logging.getLogger("vllm").propagate = False
+        compat.supported_vllm.cache_clear()
+
+
+def test_installed_vllm_is_supported():
+    pytest.importorskip("vllm")
+    assert compat.is_supported(compat.installed_vllm_version())
+
+
+def test_logger_lives_in_vllm_namespace():
+    assert get_logger("vllm_ext.x.y").name == "vllm.vllm_ext.x.y"
+    assert get_logger("vllm.vllm_ext.x").name == "vllm.vllm_ext.x"
+
+
+def test_records_use_vllm_format_and_level():
+    pytest.importorskip("vllm")
+    code = (
+        "from vllm.config import LoggingConfig\n"
+        "from vllm.logger import configure_logging\n"
+        "configure_logging(LoggingConfig())  # what every engine does at start\n"
+        "from vllm_ext.common.log import get_logger\n"
+        "log = get_logger('vllm_ext.demo')\n"
+        "log.info('hello %s', 'info')\n"
+        "log.debug('hidden %d', 1)\n"
+        "log.warning_once('once')\n"
+        "log.warning_once('once')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"VLLM_LOGGING_LEVEL": "INFO", "PATH": ""}, check=True)
+    text = out.stdout + out.stderr
+    assert "INFO" in text and "hello info" in text
+    assert "hidden" not in text
+    assert text.count("once") == 1

@@ -1,0 +1,44 @@
+"""Algorithm and tooling modules import without vLLM; only named adapters may import it.
+
+Each module is imported in a fresh interpreter with ``sys.modules["vllm"] = None``,
+so any ``import vllm...`` fails there. A module that needs vLLM must be listed in
+ADAPTERS — adapters are thin and named after the vLLM class they extend.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import vllm_ext
+
+# modules allowed to import vLLM (adapters); everything else must not
+ADAPTERS = {
+    "vllm_ext.common.prom",
+}
+
+
+def _all_modules() -> list[str]:
+    found = [m.name for m in pkgutil.walk_packages(vllm_ext.__path__, "vllm_ext.")]
+    return sorted(found + ["vllm_ext"])
+
+
+def _imports_without_vllm(module: str) -> subprocess.CompletedProcess:
+    code = f"import sys; sys.modules['vllm'] = None; import {module}"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("module", [m for m in _all_modules() if m not in ADAPTERS])
+def test_module_imports_without_vllm(module):
+    result = _imports_without_vllm(module)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_adapter_list_is_current():
+    modules = set(_all_modules())
+    assert ADAPTERS <= modules, f"stale adapter entries: {ADAPTERS - modules}"
+    for module in ADAPTERS:
+        assert _imports_without_vllm(module).returncode != 0, f"{module} no longer needs vLLM"

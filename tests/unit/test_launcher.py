@@ -1,0 +1,98 @@
+"""vllm-ext serve: plugin words → one plain `vllm serve` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vllm_ext.launcher import LaunchError, SystemLaunch, compose, parse_plugin_list
+
+# launch descriptions shaped like real systems' (scheduler, connector, endpoint)
+SCHED = SystemLaunch("sched", scheduler_cls="pkg.sched:make_scheduler",
+                     kv_connector={"kv_connector": "SchedConnector"})
+STORE = SystemLaunch("store", kv_connector={"kv_connector": "StoreConnector",
+                                            "kv_connector_extra_config": {"dir": "/tmp/x"}},
+                     flags=("--enable-prefix-caching",))
+ROUTE = SystemLaunch("route", allowlist=("route_endpoint",))
+SYSTEMS = {s.name: s for s in (SCHED, STORE, ROUTE)}
+GENERAL = ("vllm_ext", "lora_filesystem_resolver")
+
+
+def _kv(plan):
+    argv = list(plan.argv)
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+def test_no_plugins_is_plain_vllm_serve():
+    plan = compose("m", [], ["--max-num-seqs", "4"], {}, GENERAL, SYSTEMS)
+    assert plan.argv == ("vllm", "serve", "m", "--max-num-seqs", "4")
+    assert plan.env == {}
+    assert plan.shell() == "vllm serve m --max-num-seqs 4"
+
+
+def test_unknown_plugin_lists_valid_ones():
+    with pytest.raises(LaunchError, match="unknown plugin.*nope.*valid plugins: route, sched, store"):
+        parse_plugin_list("sched,nope", SYSTEMS)
+
+
+def test_duplicate_plugin_rejected():
+    with pytest.raises(LaunchError, match="twice"):
+        parse_plugin_list("sched, sched", SYSTEMS)
+
+
+def test_single_connector_goes_in_directly():
+    plan = compose("m", ["store"], [], {}, GENERAL, SYSTEMS)
+    kv = _kv(plan)
+    assert kv["kv_connector"] == "StoreConnector" and kv["kv_role"] == "kv_both"
+    assert "--enable-prefix-caching" in plan.argv
+
+
+def test_two_connectors_share_the_slot_through_multiconnector():
+    plan = compose("m", ["sched", "store"], [], {}, GENERAL, SYSTEMS)
+    kv = _kv(plan)
+    assert kv["kv_connector"] == "MultiConnector"
+    inner = kv["kv_connector_extra_config"]["connectors"]
+    assert [c["kv_connector"] for c in inner] == ["SchedConnector", "StoreConnector"]
+    assert all(c["kv_role"] == "kv_both" for c in inner)
+    assert plan.argv[plan.argv.index("--scheduler-cls") + 1] == "pkg.sched:make_scheduler"
+
+
+def test_user_connector_is_kept_beside_ours():
+    user = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+    plan = compose("m", ["sched"], ["--kv-transfer-config", user], {}, GENERAL, SYSTEMS)
+    kv = _kv(plan)
+    inner = kv["kv_connector_extra_config"]["connectors"]
+    assert [c["kv_connector"] for c in inner] == ["NixlConnector", "SchedConnector"]
+    assert plan.argv.count("--kv-transfer-config") == 1
+
+
+def test_user_scheduler_cls_conflicts_with_a_scheduler_plugin():
+    with pytest.raises(LaunchError, match="--scheduler-cls"):
+        compose("m", ["sched"], ["--scheduler-cls", "x.Y"], {}, GENERAL, SYSTEMS)
+
+
+def test_allowlisted_plugin_sets_vllm_plugins_without_dropping_general_ones():
+    plan = compose("m", ["route"], [], {}, GENERAL, SYSTEMS)
+    assert plan.env["VLLM_PLUGINS"] == "vllm_ext,lora_filesystem_resolver,route_endpoint"
+
+
+def test_existing_vllm_plugins_is_extended_not_replaced():
+    plan = compose("m", ["route"], [], {"VLLM_PLUGINS": "mine"}, GENERAL, SYSTEMS)
+    assert plan.env["VLLM_PLUGINS"] == "mine,route_endpoint"
+
+
+def test_bad_user_kv_json_is_named():
+    with pytest.raises(LaunchError, match="not valid JSON"):
+        compose("m", [], ["--kv-transfer-config", "{oops"], {}, GENERAL, SYSTEMS)
+
+
+def test_cli_dry_run_prints_equivalent_command_and_rejects_unknown():
+    ok = subprocess.run([sys.executable, "-m", "vllm_ext.cli", "serve", "some/model", "--dry-run",
+                         "--max-num-seqs", "2"], capture_output=True, text=True, check=True)
+    assert "vllm serve some/model --max-num-seqs 2" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "vllm_ext.cli", "serve", "m", "--plugins", "nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown plugin(s) nope; valid plugins:" in bad.stderr

@@ -1,0 +1,40 @@
+"""Benchmark harness: fingerprint, GPU power sampling, load generation,
+statistics, result files (JSON + markdown + PNG) and result comparison.
+
+Every benchmark runs its baselines and ours on the same requests in one run,
+reports medians and ratios, and writes ``benchmarks/results/<name>.json``
+through :func:`write_result`. Importing this package is cheap: vllm, torch,
+openai, pynvml, tqdm and matplotlib are imported lazily where used.
+"""
+
+from __future__ import annotations
+
+from vllm_ext.bench.compare import Diff, compare, format_diffs, metric_direction, regressions
+from vllm_ext.bench.fingerprint import collect_fingerprint, fingerprint_summary, key_fields
+from vllm_ext.bench.loadgen import (
+    Request,
+    RequestRecord,
+    assign_arrivals,
+    poisson_arrivals,
+    run_trace,
+    run_trace_sync,
+)
+from vllm_ext.bench.power import GpuPowerSampler
+from vllm_ext.bench.results import (
+    HEADLINE_KEYS,
+    BenchResult,
+    load_result,
+    make_headline,
+    validate_headline,
+    write_result,
+)
+from vllm_ext.bench.stats import mean, median, median_metrics, percentile, ratio, summarize
+
+__all__ = [
+    "HEADLINE_KEYS", "BenchResult", "Diff", "GpuPowerSampler", "Request",
+    "RequestRecord", "assign_arrivals", "collect_fingerprint", "compare",
+    "fingerprint_summary", "format_diffs", "key_fields", "load_result",
+    "make_headline", "mean", "median", "median_metrics", "metric_direction",
+    "percentile", "poisson_arrivals", "ratio", "regressions", "run_trace",
+    "run_trace_sync", "summarize", "validate_headline", "write_result",
+]

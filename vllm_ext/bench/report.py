@@ -1,0 +1,148 @@
+"""Markdown table and PNG plot of a :class:`BenchResult`.
+
+matplotlib is imported lazily with the non-interactive ``Agg`` backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from vllm_ext.bench.fingerprint import fingerprint_summary
+
+if TYPE_CHECKING:
+    from vllm_ext.bench.results import BenchResult
+
+logger = logging.getLogger(__name__)
+
+
+def _is_number(value: Any) -> bool:
+    """True for int/float (not bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def format_value(value: Any) -> str:
+    """Compact cell text: 4 significant digits for floats, '-' for None."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def numeric_metric_names(variants: dict[str, dict[str, Any]]) -> list[str]:
+    """Metric names (first-seen order) that are numeric in some variant."""
+    names: list[str] = []
+    for metrics in variants.values():
+        for key, value in metrics.items():
+            if key not in names and (_is_number(value) or value is None):
+                names.append(key)
+    return [n for n in names
+            if any(_is_number(m.get(n)) for m in variants.values())]
+
+
+def _headline_line(h: dict[str, Any]) -> str:
+    """Markdown sentence describing the headline."""
+    direction = "higher is better" if h["higher_is_better"] else "lower is better"
+    ratio = format_value(h["ratio"])
+    return (f"**Headline:** `{h['metric']}` ours {format_value(h['ours'])} vs "
+            f"{h['baseline_name']} {format_value(h['baseline'])} -> ratio "
+            f"{ratio}x ({direction}; target {format_value(h['target'])})")
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    """Markdown table lines."""
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def render_markdown(result: BenchResult) -> str:
+    """Markdown report: headline, variants x metrics table, series, host."""
+    lines = [f"# {result.name}", "", result.description, "",
+             _headline_line(result.headline), ""]
+    metrics = numeric_metric_names(result.variants)
+    rows = [[variant] + [format_value(m.get(k)) for k in metrics]
+            for variant, m in result.variants.items()]
+    lines += _table(rows, ["variant", *metrics]) + [""]
+    if result.series and result.sweep_axis:
+        axis = result.sweep_axis
+        for variant, points in result.series.items():
+            cols = numeric_metric_names(dict(enumerate(points)))
+            cols = [axis] + [c for c in cols if c != axis]
+            lines += [f"## {variant} by {axis}", ""]
+            lines += _table([[format_value(p.get(c)) for c in cols]
+                             for p in points], cols) + [""]
+    lines += [f"_Environment:_ {fingerprint_summary(result.fingerprint)}", ""]
+    power_line = _power_line(result.power)
+    if power_line:
+        lines += [power_line, ""]
+    return "\n".join(lines)
+
+
+def _power_line(power: dict[str, Any]) -> str:
+    """One line per variant: median power fraction and SM clock fraction."""
+    parts = []
+    for variant, summary in (power or {}).items():
+        if not isinstance(summary, dict) or not summary.get("available"):
+            continue
+        for gpu in summary.get("gpus", []):
+            parts.append(
+                f"{variant} GPU{gpu['index']}: power "
+                f"{format_value(gpu['power_w']['p50'])} W = "
+                f"{format_value(gpu['power_fraction_of_limit'])} of limit, SM clock "
+                f"{format_value(gpu['sm_clock_fraction_of_max'])} of max")
+    return ("_GPU power (median):_ " + "; ".join(parts)) if parts else ""
+
+
+def choose_plot_metric(result: BenchResult) -> str | None:
+    """``plot_metric`` if set, else the headline metric, else the first
+    numeric metric."""
+    if result.plot_metric:
+        return result.plot_metric
+    metrics = numeric_metric_names(result.variants)
+    if result.series:
+        points = [p for pts in result.series.values() for p in pts]
+        metrics = [m for m in numeric_metric_names(dict(enumerate(points)))
+                   if m != result.sweep_axis]
+    if result.headline["metric"] in metrics:
+        return result.headline["metric"]
+    return metrics[0] if metrics else None
+
+
+def render_plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
+    """Bar chart of the plot metric per variant, or one line per variant
+    along ``sweep_axis`` when series exist."""
+    import matplotlib  # lazy: slow import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = choose_plot_metric(result)
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    try:
+        if result.series and result.sweep_axis and metric:
+            axis = result.sweep_axis
+            for variant, points in result.series.items():
+                pts = [(p[axis], p[metric]) for p in points
+                       if _is_number(p.get(axis)) and _is_number(p.get(metric))]
+                if pts:
+                    xs, ys = zip(*sorted(pts))
+                    ax.plot(xs, ys, marker="o", label=variant)
+            ax.set_xlabel(axis)
+            ax.legend()
+        elif metric:
+            names = list(result.variants)
+            values = [result.variants[n].get(metric) for n in names]
+            ax.bar(names, [v if _is_number(v) else 0.0 for v in values])
+            ax.set_xlabel("variant")
+        ax.set_ylabel(metric or "")
+        ax.set_title(f"{result.name}: {metric}")
+        fig.tight_layout()
+        fig.savefig(os.fspath(path))
+    finally:
+        plt.close(fig)
