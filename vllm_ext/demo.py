@@ -29,8 +29,9 @@ def _fmt_ms(seconds: float | None) -> str:
 def extension_counters(metrics_text: str) -> dict[str, float]:
     """``vllm_ext:*`` samples from a Prometheus text page, summed over labels."""
     totals: dict[str, float] = {}
-    for match in re.finditer(r"^(vllm_ext:[a-z0-9_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", metrics_text,
-                             re.MULTILINE):
+    for match in re.finditer(
+        r"^(vllm_ext:[a-z0-9_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", metrics_text, re.MULTILINE
+    ):
         totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
     return totals
 
@@ -49,7 +50,8 @@ def summary_lines(summary: dict, counters: dict[str, float], plugins: list[str])
         "  per-system counters:",
     ]
     lines += [f"    {name} = {value:g}" for name, value in sorted(counters.items())] or [
-        "    (none: no system is enabled)"]
+        "    (none: no system is enabled)"
+    ]
     return lines
 
 
@@ -58,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--rate", type=float, default=2.0, help="arrivals per second")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--plugins", default=",".join(sorted(SYSTEMS)),
-                        help="systems to enable (default: all landed)")
+    parser.add_argument(
+        "--plugins",
+        default=",".join(sorted(SYSTEMS)),
+        help="systems to enable (default: all landed)",
+    )
     args = parser.parse_args(argv)
 
     from vllm_ext.assets import model_path

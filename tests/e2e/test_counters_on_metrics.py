@@ -12,16 +12,26 @@ from tests.e2e.conftest import SERVE_ARGS, server_env
 from vllm_ext.assets import model_path
 from vllm_ext.serving import VllmServer
 
-KV_CONFIG = {"kv_connector": "CountingConnector", "kv_role": "kv_both",
-             "kv_connector_module_path": "tests.e2e.counting_connector"}
+KV_CONFIG = {
+    "kv_connector": "CountingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_module_path": "tests.e2e.counting_connector",
+}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "tiny-llama.log"
-    args = [*SERVE_ARGS, "--served-model-name", "tiny", "--kv-transfer-config", json.dumps(KV_CONFIG)]
-    with VllmServer(str(model_path("tiny-llama")), args, launcher="vllm-ext", env=server_env(),
-                    log_path=log) as srv:
+    args = [
+        *SERVE_ARGS,
+        "--served-model-name",
+        "tiny",
+        "--kv-transfer-config",
+        json.dumps(KV_CONFIG),
+    ]
+    with VllmServer(
+        str(model_path("tiny-llama")), args, launcher="vllm-ext", env=server_env(), log_path=log
+    ) as srv:
         yield srv
 
 

@@ -12,8 +12,13 @@ from vllm_ext.serving import VllmServer
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "smollm2.log"
-    with VllmServer(str(model_path("smollm2")), [*SERVE_ARGS, "--served-model-name", "smollm2"],
-                    launcher="vllm-ext", env=server_env(), log_path=log) as srv:
+    with VllmServer(
+        str(model_path("smollm2")),
+        [*SERVE_ARGS, "--served-model-name", "smollm2"],
+        launcher="vllm-ext",
+        env=server_env(),
+        log_path=log,
+    ) as srv:
         yield srv
 
 
@@ -22,8 +27,11 @@ def test_chat_completion_answers(server):
 
     client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
     reply = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        temperature=0, max_tokens=16)
+        model="smollm2",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=16,
+    )
     assert "Paris" in reply.choices[0].message.content
     assert reply.usage.completion_tokens > 0
 
@@ -35,8 +43,12 @@ def test_sharegpt_trace_through_load_driver(server):
 
     samples = first_turns(6, seed=1, max_prompt_chars=400)
     arrivals = poisson_arrivals(len(samples), rate=4.0, seed=0)
-    requests = [Request(id=s.id, messages=[{"role": "user", "content": s.prompt}], max_tokens=12,
-                        arrival_s=t) for s, t in zip(samples, arrivals)]
+    requests = [
+        Request(
+            id=s.id, messages=[{"role": "user", "content": s.prompt}], max_tokens=12, arrival_s=t
+        )
+        for s, t in zip(samples, arrivals, strict=True)
+    ]
     records = run_trace_sync(server.base_url, "smollm2", requests, progress=False)
     assert [r.id for r in records] == [s.id for s in samples]
     assert all(r.ok for r in records), [r.error for r in records]

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from vllm_ext.patches import vllm_cpu_cli_version as cli_patch
 
 PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
@@ -45,9 +44,13 @@ def test_cli_patch_is_idempotent_and_reversible():
 
 @pytest.mark.skipif(not cli_patch.needed(), reason="vLLM is installed as `vllm`, patch not needed")
 def test_plain_vllm_cli_fails_and_patched_one_starts():
-    plain = subprocess.run([sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()",
-                            "--version"], capture_output=True, text=True)
+    plain = subprocess.run(
+        [sys.executable, "-c", "from vllm.entrypoints.cli.main import main; main()", "--version"],
+        capture_output=True,
+        text=True,
+    )
     assert plain.returncode != 0 and "PackageNotFoundError" in plain.stderr
-    patched = subprocess.run([sys.executable, "-m", "vllm_ext.vllm_main", "--version"],
-                             capture_output=True, text=True)
+    patched = subprocess.run(
+        [sys.executable, "-m", "vllm_ext.vllm_main", "--version"], capture_output=True, text=True
+    )
     assert patched.returncode == 0 and "0.32" in patched.stdout

@@ -42,9 +42,14 @@ def transformers_tokens(prompts_ids):
     outs = []
     for ids in prompts_ids:
         with torch.no_grad():
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)
-        outs.append(gen[0, len(ids):].tolist())
+            gen = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_TOKENS,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        outs.append(gen[0, len(ids) :].tolist())
     return outs
 
 

@@ -19,6 +19,7 @@ def _builder(calls, payload=b"weights"):
         (folder / "model.bin").write_bytes(payload)
         (folder / "sub").mkdir()
         (folder / "sub" / "cfg.json").write_text("{}")
+
     return build
 
 

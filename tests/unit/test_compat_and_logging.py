@@ -12,10 +12,18 @@ from vllm_ext.common import compat
 from vllm_ext.common.log import get_logger
 
 
-@pytest.mark.parametrize("version, ok", [
-    ("0.32.0", True), ("0.32.3+cpu", True), ("0.31.9", False), ("0.33.0", False),
-    ("1.32.0", False), ("garbage", False), (None, False),
-])
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("0.32.0", True),
+        ("0.32.3+cpu", True),
+        ("0.31.9", False),
+        ("0.33.0", False),
+        ("1.32.0", False),
+        ("garbage", False),
+        (None, False),
+    ],
+)
 def test_supported_series(version, ok):
     assert compat.is_supported(version) is ok
 
@@ -28,7 +36,9 @@ def test_unsupported_vllm_warns_once_and_plugin_registers_nothing(monkeypatch, c
             logging.getLogger("vllm").propagate = True
             assert compat.supported_vllm() is False
             assert compat.supported_vllm() is False
-        warnings = [r for r in caplog.records if "supports vLLM 0.32.x but found 0.31.0" in r.message]
+        warnings = [
+            r for r in caplog.records if "supports vLLM 0.32.x but found 0.31.0" in r.message
+        ]
         assert len(warnings) == 1
     finally:
         logging.getLogger("vllm").propagate = False
@@ -58,9 +68,23 @@ def test_records_use_vllm_format_and_level():
         "log.warning_once('once')\n"
         "log.warning_once('once')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"VLLM_LOGGING_LEVEL": "INFO", "PATH": ""}, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"VLLM_LOGGING_LEVEL": "INFO", "PATH": ""},
+        check=True,
+    )
     text = out.stdout + out.stderr
     assert "INFO" in text and "hello info" in text
     assert "hidden" not in text
     assert text.count("once") == 1
+
+
+def test_plugin_entry_point_is_reentrant_and_imports_no_vllm():
+    code = (
+        "import sys; sys.modules['vllm'] = None\n"
+        "from vllm_ext.plugin import register\n"
+        "register(); register()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,4 @@
-"""load_config: explicit mapping > VLLM_EXT_<SYSTEM>_<FIELD> env > defaults; unknown keys are errors."""
+"""load_config: mapping > VLLM_EXT_<SYSTEM>_<FIELD> env > defaults; unknown keys are errors."""
 
 from __future__ import annotations
 
@@ -35,8 +35,12 @@ def test_mapping_beats_env_beats_default():
 
 
 def test_env_text_is_parsed_by_field_type():
-    env = {"VLLM_EXT_DEMO_ENABLED": "true", "VLLM_EXT_DEMO_TIERS": "host,ssd,remote",
-           "VLLM_EXT_DEMO_PATH": "123", "VLLM_EXT_DEMO_POOLING": "mean"}
+    env = {
+        "VLLM_EXT_DEMO_ENABLED": "true",
+        "VLLM_EXT_DEMO_TIERS": "host,ssd,remote",
+        "VLLM_EXT_DEMO_PATH": "123",
+        "VLLM_EXT_DEMO_POOLING": "mean",
+    }
     cfg = load_config(DemoConfig, "demo", environ=env)
     assert cfg.enabled is True
     assert cfg.tiers == ("host", "ssd", "remote")
@@ -62,14 +66,17 @@ def test_other_systems_env_vars_are_ignored():
     assert cfg == DemoConfig()
 
 
-@pytest.mark.parametrize("mapping, needle", [
-    ({"layer": "twelve"}, "DemoConfig.layer must be int"),
-    ({"layer": True}, "DemoConfig.layer must be int"),
-    ({"pooling": "max"}, "must be one of ['last', 'mean']"),
-    ({"enabled": "maybe"}, "must be a boolean"),
-    ({"tiers": 3}, "must be a list"),
-    ({"forgetting": 1.5}, "forgetting must be in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "mapping, needle",
+    [
+        ({"layer": "twelve"}, "DemoConfig.layer must be int"),
+        ({"layer": True}, "DemoConfig.layer must be int"),
+        ({"pooling": "max"}, "must be one of ['last', 'mean']"),
+        ({"enabled": "maybe"}, "must be a boolean"),
+        ({"tiers": 3}, "must be a list"),
+        ({"forgetting": 1.5}, "forgetting must be in (0, 1]"),
+    ],
+)
 def test_bad_values_raise_named_errors(mapping, needle):
     with pytest.raises(ConfigError) as err:
         load_config(DemoConfig, "demo", mapping, environ={})

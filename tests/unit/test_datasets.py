@@ -65,10 +65,12 @@ def test_iter_conversations_limit_reads_only_the_start(monkeypatch) -> None:
 def test_incremental_reader_handles_chunk_boundaries_and_truncation(
     tmp_path, monkeypatch, chunk_bytes
 ) -> None:
-    items = [{"id": f"x{i}", "conversations": [{"from": "human", "value": "héllo ✓ " * i}]}
-             for i in range(20)]
+    items = [
+        {"id": f"x{i}", "conversations": [{"from": "human", "value": "héllo ✓ " * i}]}
+        for i in range(20)
+    ]
     text = json.dumps(items, ensure_ascii=False, indent=2).encode("utf-8")
-    cut = text.index("x15".encode()) + 12  # inside item 15
+    cut = text.index(b"x15") + 12  # inside item 15
     path = tmp_path / "trunc.json"
     path.write_bytes(text[:cut] + "✓".encode()[:2])  # also a cut multi-byte char
     monkeypatch.setattr(sharegpt, "_CHUNK_BYTES", chunk_bytes)
@@ -233,10 +235,10 @@ def test_agentic_sessions_medians_and_invariants() -> None:
     sessions = ds.generate_sessions(300, seed=7)
     turns = [t for s in sessions for t in s.turns]
     assert len(turns) >= 2000
-    assert _close(np.median([t.new_tokens for t in turns]),
-                  params["new_tokens_per_turn"]["median"])
-    assert _close(np.median([t.output_tokens for t in turns]),
-                  params["generation_length"]["median"])
+    assert _close(np.median([t.new_tokens for t in turns]), params["new_tokens_per_turn"]["median"])
+    assert _close(
+        np.median([t.output_tokens for t in turns]), params["generation_length"]["median"]
+    )
     groups = Counter(s.group_id for s in sessions)
     assert all(0 <= g < model.num_groups for g in groups)
     assert groups[0] > np.median([groups[g] for g in range(model.num_groups)])
@@ -245,7 +247,9 @@ def test_agentic_sessions_medians_and_invariants() -> None:
         assert all(t.delay_s > 0 for t in s.turns[1:])
         assert s.total_tokens <= model.max_prompt_tokens
         assert [layer.tokens for layer in s.prefix[:2]] == [
-            model.layer1_tokens, model.layer1_5_tokens]
+            model.layer1_tokens,
+            model.layer1_5_tokens,
+        ]
         assert s.prefix[1].key == f"L1.5/g{s.group_id}"
         assert s.end_reason in {"context_limit", "reset"}
     assert len({s.prefix[2].key for s in sessions}) == len(sessions)

@@ -11,11 +11,16 @@ import pytest
 from vllm_ext.launcher import LaunchError, SystemLaunch, compose, parse_plugin_list
 
 # launch descriptions shaped like real systems' (scheduler, connector, endpoint)
-SCHED = SystemLaunch("sched", scheduler_cls="pkg.sched:make_scheduler",
-                     kv_connector={"kv_connector": "SchedConnector"})
-STORE = SystemLaunch("store", kv_connector={"kv_connector": "StoreConnector",
-                                            "kv_connector_extra_config": {"dir": "/tmp/x"}},
-                     flags=("--enable-prefix-caching",))
+SCHED = SystemLaunch(
+    "sched",
+    scheduler_cls="pkg.sched:make_scheduler",
+    kv_connector={"kv_connector": "SchedConnector"},
+)
+STORE = SystemLaunch(
+    "store",
+    kv_connector={"kv_connector": "StoreConnector", "kv_connector_extra_config": {"dir": "/tmp/x"}},
+    flags=("--enable-prefix-caching",),
+)
 ROUTE = SystemLaunch("route", allowlist=("route_endpoint",))
 SYSTEMS = {s.name: s for s in (SCHED, STORE, ROUTE)}
 GENERAL = ("vllm_ext", "lora_filesystem_resolver")
@@ -34,7 +39,9 @@ def test_no_plugins_is_plain_vllm_serve():
 
 
 def test_unknown_plugin_lists_valid_ones():
-    with pytest.raises(LaunchError, match="unknown plugin.*nope.*valid plugins: route, sched, store"):
+    with pytest.raises(
+        LaunchError, match="unknown plugin.*nope.*valid plugins: route, sched, store"
+    ):
         parse_plugin_list("sched,nope", SYSTEMS)
 
 
@@ -90,9 +97,25 @@ def test_bad_user_kv_json_is_named():
 
 
 def test_cli_dry_run_prints_equivalent_command_and_rejects_unknown():
-    ok = subprocess.run([sys.executable, "-m", "vllm_ext.cli", "serve", "some/model", "--dry-run",
-                         "--max-num-seqs", "2"], capture_output=True, text=True, check=True)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_ext.cli",
+            "serve",
+            "some/model",
+            "--dry-run",
+            "--max-num-seqs",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "vllm serve some/model --max-num-seqs 2" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "vllm_ext.cli", "serve", "m", "--plugins", "nope"],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "vllm_ext.cli", "serve", "m", "--plugins", "nope"],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and "unknown plugin(s) nope; valid plugins:" in bad.stderr

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -14,7 +15,9 @@ def _pyproject() -> dict:
 
 def test_every_package_folder_is_listed():
     listed = set(_pyproject()["tool"]["setuptools"]["packages"])
-    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "vllm_ext").rglob("__init__.py")}
+    on_disk = {
+        ".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "vllm_ext").rglob("__init__.py")
+    }
     on_disk.add("vllm_ext.patches")
     assert on_disk == listed
 

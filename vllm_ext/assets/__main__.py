@@ -12,7 +12,9 @@ from vllm_ext.assets.models import MODELS, model_path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_ext.assets", description=__doc__)
-    parser.add_argument("names", nargs="*", help=f"assets to build (default: all of {', '.join(MODELS)})")
+    parser.add_argument(
+        "names", nargs="*", help=f"assets to build (default: all of {', '.join(MODELS)})"
+    )
     parser.add_argument("--verify", action="store_true", help="re-hash existing files")
     parser.add_argument("--force", action="store_true", help="rebuild even when present")
     args = parser.parse_args(argv)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from vllm_ext.assets.store import ensure
 
@@ -57,7 +57,9 @@ def build_smollm2(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # fp32 load dequantizes Q4_1; the GGUF-loaded model refuses save_pretrained,
     # so copy its weights into a fresh instance of the same class
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     config = loaded.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
@@ -116,9 +118,17 @@ def build_tiny_llama(out: Path) -> None:
     from transformers import LlamaConfig
 
     config = LlamaConfig(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, rope_theta=10000.0,
-        tie_word_embeddings=True, architectures=["LlamaForCausalLM"], **_smollm2_special_ids(),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        architectures=["LlamaForCausalLM"],
+        **_smollm2_special_ids(),
     )
     _save_random_model(out, config, seed=0)
 
@@ -127,14 +137,26 @@ def build_tiny_hybrid(out: Path) -> None:
     from transformers import Qwen3NextConfig
 
     config = Qwen3NextConfig(
-        hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
-        shared_expert_intermediate_size=128, max_position_embeddings=8192,
-        tie_word_embeddings=False, architectures=["Qwen3NextForCausalLM"], **_smollm2_special_ids(),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        architectures=["Qwen3NextForCausalLM"],
+        **_smollm2_special_ids(),
     )
     _save_random_model(out, config, seed=0)
 
@@ -142,12 +164,21 @@ def build_tiny_hybrid(out: Path) -> None:
 MODELS: dict[str, ModelAsset] = {
     asset.name: asset
     for asset in (
-        ModelAsset("smollm2", "smollm2-q4_1-bf16-v1", build_smollm2,
-                   "SmolLM2-135M-Instruct, real weights, bf16"),
-        ModelAsset("tiny-llama", "tiny-llama-v1", build_tiny_llama,
-                   "2-layer Llama, random weights"),
-        ModelAsset("tiny-hybrid", "tiny-qwen3next-v1", build_tiny_hybrid,
-                   "4-layer Qwen3-Next (GDN + attention), random weights"),
+        ModelAsset(
+            "smollm2",
+            "smollm2-q4_1-bf16-v1",
+            build_smollm2,
+            "SmolLM2-135M-Instruct, real weights, bf16",
+        ),
+        ModelAsset(
+            "tiny-llama", "tiny-llama-v1", build_tiny_llama, "2-layer Llama, random weights"
+        ),
+        ModelAsset(
+            "tiny-hybrid",
+            "tiny-qwen3next-v1",
+            build_tiny_hybrid,
+            "4-layer Qwen3-Next (GDN + attention), random weights",
+        ),
     )
 }
 

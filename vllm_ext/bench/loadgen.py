@@ -80,13 +80,13 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
     return [0.0] + np.cumsum(gaps).tolist()
 
 
-def assign_arrivals(requests: Sequence[Request],
-                    arrivals: Sequence[float]) -> list[Request]:
+def assign_arrivals(requests: Sequence[Request], arrivals: Sequence[float]) -> list[Request]:
     """Copies of ``requests`` with ``arrival_s`` taken from ``arrivals``."""
     if len(requests) != len(arrivals):
         raise ValueError("requests and arrivals differ in length")
-    return [dataclasses.replace(r, arrival_s=float(a))
-            for r, a in zip(requests, arrivals)]
+    return [
+        dataclasses.replace(r, arrival_s=float(a)) for r, a in zip(requests, arrivals, strict=True)
+    ]
 
 
 def _normalize_base_url(base_url: str) -> str:
@@ -99,21 +99,25 @@ def make_client(base_url: str, timeout_s: float = 600.0) -> Any:
     """``openai.AsyncOpenAI`` for a vLLM server (api_key "EMPTY", no retries)."""
     import openai  # lazy: slow import
 
-    return openai.AsyncOpenAI(base_url=_normalize_base_url(base_url),
-                              api_key="EMPTY", timeout=timeout_s, max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=_normalize_base_url(base_url), api_key="EMPTY", timeout=timeout_s, max_retries=0
+    )
 
 
 async def _open_stream(client: Any, model: str, req: Request) -> Any:
     """Start a streaming chat or completions call for ``req``."""
     common: dict[str, Any] = {
-        "model": model, "max_tokens": req.max_tokens,
-        "temperature": req.temperature, "stream": True,
+        "model": model,
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "stream": True,
         "stream_options": {"include_usage": True},
         "extra_body": dict(req.extra_body) or None,
     }
     if req.messages is not None:
         return await client.chat.completions.create(
-            messages=[dict(m) for m in req.messages], **common)
+            messages=[dict(m) for m in req.messages], **common
+        )
     return await client.completions.create(prompt=req.prompt, **common)
 
 
@@ -125,8 +129,7 @@ def _chunk_text(chunk: Any) -> str:
     choice = choices[0]
     delta = getattr(choice, "delta", None)
     if delta is not None:
-        return (getattr(delta, "content", None)
-                or getattr(delta, "reasoning_content", None) or "")
+        return getattr(delta, "content", None) or getattr(delta, "reasoning_content", None) or ""
     return getattr(choice, "text", None) or ""
 
 
@@ -140,8 +143,9 @@ def _apply_usage(rec: RequestRecord, usage: Any) -> None:
     rec.cached_tokens = int(cached) if cached is not None else None
 
 
-async def _send(client: Any, model: str, req: Request, t0: float,
-                record_itl: bool) -> RequestRecord:
+async def _send(
+    client: Any, model: str, req: Request, t0: float, record_itl: bool
+) -> RequestRecord:
     """Send one request, stream its output and measure it."""
     start = time.perf_counter()
     rec = RequestRecord(id=req.id, ok=True, start_s=start - t0)
@@ -170,11 +174,18 @@ async def _send(client: Any, model: str, req: Request, t0: float,
     return rec
 
 
-async def run_trace(base_url: str, model: str, requests: Sequence[Request], *,
-                    max_concurrency: int | None = None, progress: bool = True,
-                    desc: str = "requests", timeout_s: float = 600.0,
-                    record_itl: bool = True,
-                    client: Any | None = None) -> list[RequestRecord]:
+async def run_trace(
+    base_url: str,
+    model: str,
+    requests: Sequence[Request],
+    *,
+    max_concurrency: int | None = None,
+    progress: bool = True,
+    desc: str = "requests",
+    timeout_s: float = 600.0,
+    record_itl: bool = True,
+    client: Any | None = None,
+) -> list[RequestRecord]:
     """Replay ``requests`` against ``base_url`` and return their records.
 
     Each request is launched at its ``arrival_s`` offset from the start of
@@ -210,12 +221,17 @@ async def run_trace(base_url: str, model: str, requests: Sequence[Request], *,
             await client.close()
     failed = sum(not r.ok for r in records)
     if failed:
-        logger.warning("%d of %d requests failed (first: %s)", failed,
-                       len(records), next(r.error for r in records if not r.ok))
+        logger.warning(
+            "%d of %d requests failed (first: %s)",
+            failed,
+            len(records),
+            next(r.error for r in records if not r.ok),
+        )
     return list(records)
 
 
-def run_trace_sync(base_url: str, model: str, requests: Sequence[Request],
-                   **kwargs: Any) -> list[RequestRecord]:
+def run_trace_sync(
+    base_url: str, model: str, requests: Sequence[Request], **kwargs: Any
+) -> list[RequestRecord]:
     """Blocking wrapper: ``asyncio.run(run_trace(...))``."""
     return asyncio.run(run_trace(base_url, model, requests, **kwargs))

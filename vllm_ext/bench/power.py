@@ -15,15 +15,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from vllm_ext.bench.stats import percentile
 
 logger = logging.getLogger(__name__)
 
-_FIELDS = ("power_w", "power_limit_w", "sm_clock_mhz", "mem_clock_mhz",
-           "max_sm_clock_mhz", "util_gpu_pct", "util_mem_pct", "temperature_c")
+_FIELDS = (
+    "power_w",
+    "power_limit_w",
+    "sm_clock_mhz",
+    "mem_clock_mhz",
+    "max_sm_clock_mhz",
+    "util_gpu_pct",
+    "util_mem_pct",
+    "temperature_c",
+)
 
 
 def _load_nvml() -> ModuleType:
@@ -46,8 +55,12 @@ class GpuPowerSampler:
     module with pynvml's API (used by tests).
     """
 
-    def __init__(self, interval_s: float = 0.1, devices: list[int] | None = None,
-                 nvml: ModuleType | Any | None = None) -> None:
+    def __init__(
+        self,
+        interval_s: float = 0.1,
+        devices: list[int] | None = None,
+        nvml: ModuleType | Any | None = None,
+    ) -> None:
         """Configure the sampler; nothing is sampled until :meth:`start`."""
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
@@ -101,8 +114,7 @@ class GpuPowerSampler:
         self.available, self.reason = True, None
         self._started = time.monotonic()
         self._sample_all()
-        self._thread = threading.Thread(
-            target=self._loop, name="gpu-power-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="gpu-power-sampler", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -152,18 +164,17 @@ class GpuPowerSampler:
         return {
             "t_s": time.monotonic() - self._started,
             "power_w": read(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
-            "power_limit_w": read(
-                lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0),
-            "sm_clock_mhz": read(
-                lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)),
-            "mem_clock_mhz": read(
-                lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_MEM)),
+            "power_limit_w": read(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0),
+            "sm_clock_mhz": read(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)),
+            "mem_clock_mhz": read(lambda: nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_MEM)),
             "max_sm_clock_mhz": read(
-                lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM)),
+                lambda: nv.nvmlDeviceGetMaxClockInfo(handle, nv.NVML_CLOCK_SM)
+            ),
             "util_gpu_pct": float(util.gpu) if util is not None else None,
             "util_mem_pct": float(util.memory) if util is not None else None,
-            "temperature_c": read(lambda: nv.nvmlDeviceGetTemperature(
-                handle, nv.NVML_TEMPERATURE_GPU)),
+            "temperature_c": read(
+                lambda: nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU)
+            ),
         }
 
     def samples(self) -> dict[int, list[dict[str, float | None]]]:
@@ -179,29 +190,33 @@ class GpuPowerSampler:
         if not self.available and not any(self._samples.values()):
             return {"available": False, "reason": self.reason or "unknown"}
         end = self._ended or time.monotonic()
-        gpus = [_summarize_gpu(idx, name, self._samples[idx])
-                for idx, name, _handle in self._handles]
-        return {"available": True, "interval_s": self.interval_s,
-                "duration_s": end - self._started, "gpus": gpus}
+        gpus = [
+            _summarize_gpu(idx, name, self._samples[idx]) for idx, name, _handle in self._handles
+        ]
+        return {
+            "available": True,
+            "interval_s": self.interval_s,
+            "duration_s": end - self._started,
+            "gpus": gpus,
+        }
 
 
-def _ratio_median(rows: list[dict[str, float | None]], num: str,
-                  den: str) -> float | None:
+def _ratio_median(rows: list[dict[str, float | None]], num: str, den: str) -> float | None:
     """Median over samples of ``rows[num] / rows[den]``."""
-    values = [r[num] / r[den] for r in rows
-              if r.get(num) is not None and r.get(den)]
+    values = [r[num] / r[den] for r in rows if r.get(num) is not None and r.get(den)]
     return percentile(values, 50)
 
 
-def _summarize_gpu(idx: int, name: str,
-                   rows: list[dict[str, float | None]]) -> dict[str, Any]:
+def _summarize_gpu(idx: int, name: str, rows: list[dict[str, float | None]]) -> dict[str, Any]:
     """Summary statistics of one GPU's samples."""
     out: dict[str, Any] = {"index": idx, "name": name, "n_samples": len(rows)}
     for field in _FIELDS:
         values = [r[field] for r in rows if r.get(field) is not None]
-        out[field] = {"p50": percentile(values, 50), "p90": percentile(values, 90),
-                      "max": max(values) if values else None}
+        out[field] = {
+            "p50": percentile(values, 50),
+            "p90": percentile(values, 90),
+            "max": max(values) if values else None,
+        }
     out["power_fraction_of_limit"] = _ratio_median(rows, "power_w", "power_limit_w")
-    out["sm_clock_fraction_of_max"] = _ratio_median(
-        rows, "sm_clock_mhz", "max_sm_clock_mhz")
+    out["sm_clock_fraction_of_max"] = _ratio_median(rows, "sm_clock_mhz", "max_sm_clock_mhz")
     return out

@@ -40,34 +40,35 @@ def numeric_metric_names(variants: dict[str, dict[str, Any]]) -> list[str]:
         for key, value in metrics.items():
             if key not in names and (_is_number(value) or value is None):
                 names.append(key)
-    return [n for n in names
-            if any(_is_number(m.get(n)) for m in variants.values())]
+    return [n for n in names if any(_is_number(m.get(n)) for m in variants.values())]
 
 
 def _headline_line(h: dict[str, Any]) -> str:
     """Markdown sentence describing the headline."""
     direction = "higher is better" if h["higher_is_better"] else "lower is better"
     ratio = format_value(h["ratio"])
-    return (f"**Headline:** `{h['metric']}` ours {format_value(h['ours'])} vs "
-            f"{h['baseline_name']} {format_value(h['baseline'])} -> ratio "
-            f"{ratio}x ({direction}; target {format_value(h['target'])})")
+    return (
+        f"**Headline:** `{h['metric']}` ours {format_value(h['ours'])} vs "
+        f"{h['baseline_name']} {format_value(h['baseline'])} -> ratio "
+        f"{ratio}x ({direction}; target {format_value(h['target'])})"
+    )
 
 
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     """Markdown table lines."""
-    lines = ["| " + " | ".join(header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines
 
 
 def render_markdown(result: BenchResult) -> str:
     """Markdown report: headline, variants x metrics table, series, host."""
-    lines = [f"# {result.name}", "", result.description, "",
-             _headline_line(result.headline), ""]
+    lines = [f"# {result.name}", "", result.description, "", _headline_line(result.headline), ""]
     metrics = numeric_metric_names(result.variants)
-    rows = [[variant] + [format_value(m.get(k)) for k in metrics]
-            for variant, m in result.variants.items()]
+    rows = [
+        [variant] + [format_value(m.get(k)) for k in metrics]
+        for variant, m in result.variants.items()
+    ]
     lines += _table(rows, ["variant", *metrics]) + [""]
     if result.series and result.sweep_axis:
         axis = result.sweep_axis
@@ -75,8 +76,7 @@ def render_markdown(result: BenchResult) -> str:
             cols = numeric_metric_names(dict(enumerate(points)))
             cols = [axis] + [c for c in cols if c != axis]
             lines += [f"## {variant} by {axis}", ""]
-            lines += _table([[format_value(p.get(c)) for c in cols]
-                             for p in points], cols) + [""]
+            lines += _table([[format_value(p.get(c)) for c in cols] for p in points], cols) + [""]
     lines += [f"_Environment:_ {fingerprint_summary(result.fingerprint)}", ""]
     power_line = _power_line(result.power)
     if power_line:
@@ -95,7 +95,8 @@ def _power_line(power: dict[str, Any]) -> str:
                 f"{variant} GPU{gpu['index']}: power "
                 f"{format_value(gpu['power_w']['p50'])} W = "
                 f"{format_value(gpu['power_fraction_of_limit'])} of limit, SM clock "
-                f"{format_value(gpu['sm_clock_fraction_of_max'])} of max")
+                f"{format_value(gpu['sm_clock_fraction_of_max'])} of max"
+            )
     return ("_GPU power (median):_ " + "; ".join(parts)) if parts else ""
 
 
@@ -107,8 +108,9 @@ def choose_plot_metric(result: BenchResult) -> str | None:
     metrics = numeric_metric_names(result.variants)
     if result.series:
         points = [p for pts in result.series.values() for p in pts]
-        metrics = [m for m in numeric_metric_names(dict(enumerate(points)))
-                   if m != result.sweep_axis]
+        metrics = [
+            m for m in numeric_metric_names(dict(enumerate(points))) if m != result.sweep_axis
+        ]
     if result.headline["metric"] in metrics:
         return result.headline["metric"]
     return metrics[0] if metrics else None
@@ -128,10 +130,13 @@ def render_plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
         if result.series and result.sweep_axis and metric:
             axis = result.sweep_axis
             for variant, points in result.series.items():
-                pts = [(p[axis], p[metric]) for p in points
-                       if _is_number(p.get(axis)) and _is_number(p.get(metric))]
+                pts = [
+                    (p[axis], p[metric])
+                    for p in points
+                    if _is_number(p.get(axis)) and _is_number(p.get(metric))
+                ]
                 if pts:
-                    xs, ys = zip(*sorted(pts))
+                    xs, ys = zip(*sorted(pts), strict=True)
                     ax.plot(xs, ys, marker="o", label=variant)
             ax.set_xlabel(axis)
             ax.legend()

@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 
 RESULT_SCHEMA = 1
 HEADLINE_KEYS = frozenset(
-    {"metric", "ours", "baseline", "baseline_name", "ratio",
-     "higher_is_better", "target"})
+    {"metric", "ours", "baseline", "baseline_name", "ratio", "higher_is_better", "target"}
+)
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -32,8 +32,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def make_headline(metric: str, ours: float, baseline: float, baseline_name: str,
-                  higher_is_better: bool, target: Any = None) -> dict[str, Any]:
+def make_headline(
+    metric: str,
+    ours: float,
+    baseline: float,
+    baseline_name: str,
+    higher_is_better: bool,
+    target: Any = None,
+) -> dict[str, Any]:
     """Build and validate a headline; ``ratio = ours / baseline``.
 
     ``target`` documents the goal (e.g. ``1.2`` for a 1.2x ratio, or a
@@ -42,10 +48,13 @@ def make_headline(metric: str, ours: float, baseline: float, baseline_name: str,
     if not _is_number(ours) or not _is_number(baseline):
         raise ValueError("headline ours/baseline must be numbers")
     headline = {
-        "metric": metric, "ours": float(ours), "baseline": float(baseline),
+        "metric": metric,
+        "ours": float(ours),
+        "baseline": float(baseline),
         "baseline_name": baseline_name,
         "ratio": float(ours) / float(baseline) if baseline else None,
-        "higher_is_better": higher_is_better, "target": target,
+        "higher_is_better": higher_is_better,
+        "target": target,
     }
     validate_headline(headline)
     return headline
@@ -59,8 +68,7 @@ def validate_headline(headline: Mapping[str, Any]) -> None:
     keys = set(headline)
     missing, extra = HEADLINE_KEYS - keys, keys - HEADLINE_KEYS
     if missing or extra:
-        raise ValueError(f"headline keys wrong: missing={sorted(missing)} "
-                         f"extra={sorted(extra)}")
+        raise ValueError(f"headline keys wrong: missing={sorted(missing)} extra={sorted(extra)}")
     if not isinstance(headline["metric"], str) or not headline["metric"]:
         raise ValueError("headline metric must be a non-empty string")
     if not isinstance(headline["baseline_name"], str) or not headline["baseline_name"]:
@@ -70,8 +78,7 @@ def validate_headline(headline: Mapping[str, Any]) -> None:
     ours, base, ratio = headline["ours"], headline["baseline"], headline["ratio"]
     if not (_is_number(ours) and _is_number(base)):
         raise ValueError("headline ours/baseline must be numbers")
-    if base and not (_is_number(ratio)
-                     and math.isclose(ratio, ours / base, rel_tol=1e-9)):
+    if base and not (_is_number(ratio) and math.isclose(ratio, ours / base, rel_tol=1e-9)):
         raise ValueError(f"headline ratio {ratio!r} != ours/baseline {ours / base!r}")
 
 
@@ -142,13 +149,15 @@ def _jsonable(obj: Any) -> Any:
 
 def dumps_result(result: BenchResult) -> str:
     """Stable JSON text (sorted keys, 2-space indent, trailing newline)."""
-    return json.dumps(result.to_dict(), indent=2, sort_keys=True,
-                      allow_nan=False) + "\n"
+    return json.dumps(result.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def write_result(result: BenchResult,
-                 out_dir: str | os.PathLike[str] = "benchmarks/results",
-                 *, plot: bool = True) -> dict[str, Path]:
+def write_result(
+    result: BenchResult,
+    out_dir: str | os.PathLike[str] = "benchmarks/results",
+    *,
+    plot: bool = True,
+) -> dict[str, Path]:
     """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` to ``out_dir``.
 
     Returns ``{"json": path, "md": path, "png": path}`` (no ``png`` when

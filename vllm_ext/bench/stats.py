@@ -66,8 +66,7 @@ def _get(rec: Any, key: str, default: Any = None) -> Any:
 
 def _tpot(rec: Any) -> float | None:
     """Time per output token after the first: (latency-ttft)/(n-1)."""
-    n, ttft, lat = (_get(rec, "output_tokens") or 0, _get(rec, "ttft_s"),
-                    _get(rec, "latency_s"))
+    n, ttft, lat = (_get(rec, "output_tokens") or 0, _get(rec, "ttft_s"), _get(rec, "latency_s"))
     if n <= 1 or ttft is None or lat is None:
         return None
     return (lat - ttft) / (n - 1)
@@ -88,8 +87,7 @@ def _sum_or_none(values: Iterable[Any]) -> int | None:
     return sum(present) if present else None
 
 
-def summarize(records: Sequence[Any],
-              wall_time_s: float | None = None) -> dict[str, Any]:
+def summarize(records: Sequence[Any], wall_time_s: float | None = None) -> dict[str, Any]:
     """Summary metrics of per-request records.
 
     Latency metrics use successful requests only. Throughput is successful
@@ -101,8 +99,11 @@ def summarize(records: Sequence[Any],
     lat = [_get(r, "latency_s") for r in ok]
     tpot = [_tpot(r) for r in ok]
     itl = [x for r in ok for x in (_get(r, "itl_s") or [])]
-    per_tok = [_get(r, "latency_s") / _get(r, "output_tokens") for r in ok
-               if _get(r, "latency_s") is not None and _get(r, "output_tokens")]
+    per_tok = [
+        _get(r, "latency_s") / _get(r, "output_tokens")
+        for r in ok
+        if _get(r, "latency_s") is not None and _get(r, "output_tokens")
+    ]
     out_tokens = sum(int(_get(r, "output_tokens") or 0) for r in ok)
     prompt_tokens = _sum_or_none(_get(r, "prompt_tokens") for r in ok)
     cached = _sum_or_none(_get(r, "cached_tokens") for r in ok)
@@ -147,8 +148,7 @@ def median_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in keys:
         vals = [run.get(key) for run in runs]
-        numeric = [v for v in vals if isinstance(v, (int, float))
-                   and not isinstance(v, bool)]
+        numeric = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if numeric or all(v is None for v in vals):
             out[key] = median(numeric)
         else:

@@ -7,8 +7,15 @@ from pathlib import Path
 from vllm_ext.bench.loadgen import Request, poisson_arrivals
 
 
-def sharegpt_requests(n: int, *, rate: float, seed: int = 0, max_tokens: int = 64,
-                      tokenizer: str | Path | None = None, max_prompt_chars: int = 2000) -> list[Request]:
+def sharegpt_requests(
+    n: int,
+    *,
+    rate: float,
+    seed: int = 0,
+    max_tokens: int = 64,
+    tokenizer: str | Path | None = None,
+    max_prompt_chars: int = 2000,
+) -> list[Request]:
     """First ShareGPT turns as chat requests arriving as a Poisson process.
 
     With ``tokenizer``, each request generates as many tokens as ShareGPT's own
@@ -23,9 +30,14 @@ def sharegpt_requests(n: int, *, rate: float, seed: int = 0, max_tokens: int = 6
     arrivals = poisson_arrivals(n, rate, seed=seed)
     extra = {"ignore_eos": True} if tokenizer is not None else {}
     return [
-        Request(id=f"sharegpt-{i}-{s.id}", messages=[{"role": "user", "content": s.prompt}],
-                max_tokens=length, arrival_s=t, extra_body=extra)
-        for i, (s, length, t) in enumerate(zip(samples, lengths, arrivals))
+        Request(
+            id=f"sharegpt-{i}-{s.id}",
+            messages=[{"role": "user", "content": s.prompt}],
+            max_tokens=length,
+            arrival_s=t,
+            extra_body=extra,
+        )
+        for i, (s, length, t) in enumerate(zip(samples, lengths, arrivals, strict=True))
     ]
 
 

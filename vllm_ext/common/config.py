@@ -85,12 +85,16 @@ def _reject_unknown(owner: str, keys: typing.Iterable[str], fields: Mapping[str,
     unknown = sorted(set(keys) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields)) or "(none)"
-        raise ConfigError(f"unknown {what} {', '.join(map(repr, unknown))} for {owner}; allowed: {allowed}")
+        raise ConfigError(
+            f"unknown {what} {', '.join(map(repr, unknown))} for {owner}; allowed: {allowed}"
+        )
 
 
 def _read_env(owner: str, system: str, fields: Mapping[str, Any], environ: Mapping[str, str]):
     prefix = f"{ENV_PREFIX}{system.upper()}_"
-    found = {key[len(prefix):].lower(): val for key, val in environ.items() if key.startswith(prefix)}
+    found = {
+        key[len(prefix) :].lower(): val for key, val in environ.items() if key.startswith(prefix)
+    }
     unknown = sorted(set(found) - set(fields))
     if unknown:
         names = ", ".join(prefix + name.upper() for name in unknown)
@@ -134,7 +138,9 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
         raise ConfigError(f"{where} must be a boolean, got {value!r}")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(hint, type) and not (isinstance(value, hint) and not _is_bool_for_number(value, hint)):
+    if isinstance(hint, type) and not (
+        isinstance(value, hint) and not _is_bool_for_number(value, hint)
+    ):
         raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}")
     return value
 
@@ -177,5 +183,6 @@ def config_table(cls: type, system: str) -> str:
             default = "required"
         type_name = getattr(hints[f.name], "__name__", str(hints[f.name])).replace("typing.", "")
         doc = f.metadata.get("doc", "")
-        rows.append(f"| `{f.name}` | `{type_name}` | `{default}` | `{env_var_name(system, f.name)}` | {doc} |")
+        env = env_var_name(system, f.name)
+        rows.append(f"| `{f.name}` | `{type_name}` | `{default}` | `{env}` | {doc} |")
     return "\n".join(rows)

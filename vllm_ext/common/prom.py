@@ -62,8 +62,15 @@ def _unregister(name: str) -> None:
 class CounterPromMetrics(KVConnectorPromMetrics):
     """One Prometheus counter per :class:`CounterSpec`, per engine."""
 
-    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues,
-                 system: str, specs: tuple[CounterSpec, ...]):
+    def __init__(
+        self,
+        vllm_config,
+        metric_types,
+        labelnames,
+        per_engine_labelvalues,
+        system: str,
+        specs: tuple[CounterSpec, ...],
+    ):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._per_engine: dict[str, dict[int, Any]] = {}
         for spec in specs:
@@ -105,5 +112,11 @@ class PublishesCounters:
 
     @classmethod
     def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
-        return CounterPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues,
-                                  cls.COUNTER_SYSTEM, cls.COUNTER_SPECS)
+        return CounterPromMetrics(
+            vllm_config,
+            metric_types,
+            labelnames,
+            per_engine_labelvalues,
+            cls.COUNTER_SYSTEM,
+            cls.COUNTER_SPECS,
+        )

@@ -40,8 +40,14 @@ class Lognormal:
         lo, hi = params.get("min"), params.get("max")
         if lo is not None and hi is not None and float(lo) > float(hi):
             raise ValueError(f"min ({lo}) > max ({hi})")
-        return cls(float(mu), float(sigma), mean, median,
-                   None if lo is None else float(lo), None if hi is None else float(hi))
+        return cls(
+            float(mu),
+            float(sigma),
+            mean,
+            median,
+            None if lo is None else float(lo),
+            None if hi is None else float(hi),
+        )
 
     def biased(self, bias: float) -> Lognormal:
         """Shift the distribution by a multiplicative ``bias`` (aiperf's truncation fix)."""
@@ -49,11 +55,18 @@ class Lognormal:
             return self
         if bias <= 0:
             raise ValueError(f"bias must be > 0, got {bias}")
-        return Lognormal(self.mu + math.log(bias), self.sigma, self.mean * bias,
-                         self.median * bias, self.min, self.max)
+        return Lognormal(
+            self.mu + math.log(bias),
+            self.sigma,
+            self.mean * bias,
+            self.median * bias,
+            self.min,
+            self.max,
+        )
 
-    def sample(self, rng: np.random.Generator, size: int = 1, *,
-               clip_min: float | None = None) -> np.ndarray:
+    def sample(
+        self, rng: np.random.Generator, size: int = 1, *, clip_min: float | None = None
+    ) -> np.ndarray:
         """Draw ``size`` values; bounds by rejection, then clipping as a last resort."""
         out = rng.lognormal(self.mu, self.sigma, size=size)
         if self.min is not None or self.max is not None:

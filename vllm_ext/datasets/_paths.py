@@ -48,8 +48,7 @@ def data_path(module: str, *parts: str) -> Path:
     if not path.exists():
         requirement = PIP_REQUIREMENTS.get(module, module)
         raise FileNotFoundError(
-            f"{path} not found in package {module!r}; expected the files of "
-            f"{requirement}"
+            f"{path} not found in package {module!r}; expected the files of {requirement}"
         )
     logger.debug("resolved %s data path %s", module, path)
     return path

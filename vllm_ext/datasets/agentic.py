@@ -108,8 +108,10 @@ def _resolve_config(name_or_path: str | Path) -> Path:
     if path.is_file():
         return path
     base = data_path("aiperf", *_ACG)
-    for candidate in (base / "datasets" / str(name_or_path) / "manifest.json",
-                      base / "configs" / f"{name_or_path}.json"):
+    for candidate in (
+        base / "datasets" / str(name_or_path) / "manifest.json",
+        base / "configs" / f"{name_or_path}.json",
+    ):
         if candidate.is_file() and candidate.stem != "spec":
             return candidate
     known = sorted(p.name for p in (base / "datasets").iterdir() if p.is_dir())
@@ -179,20 +181,25 @@ def _delay_s(m: AgenticSessionModel, rng: np.random.Generator, ratio: float) -> 
     return delay_ms / 1000.0
 
 
-def _prefix(m: AgenticSessionModel, rng: np.random.Generator, sid: str, group: int,
-            scale: float, cap: int) -> tuple[PrefixLayer, ...]:
+def _prefix(
+    m: AgenticSessionModel, rng: np.random.Generator, sid: str, group: int, scale: float, cap: int
+) -> tuple[PrefixLayer, ...]:
     l1, l15 = _scaled(m.layer1_tokens, scale), _scaled(m.layer1_5_tokens, scale)
     room = cap - l1 - l15 - 2  # leave space for one new and one output token
     if room < 1:
         raise ValueError(f"prefix layers do not fit the context cap {cap} at scale {scale}")
     l2 = min(_scaled(max(1.0, float(m.layer2.sample(rng)[0])), scale), room)
-    layers = (PrefixLayer("L1", "L1", l1), PrefixLayer("L1.5", f"L1.5/g{group}", l15),
-              PrefixLayer("L2", f"L2/{sid}", l2))
+    layers = (
+        PrefixLayer("L1", "L1", l1),
+        PrefixLayer("L1.5", f"L1.5/g{group}", l15),
+        PrefixLayer("L2", f"L2/{sid}", l2),
+    )
     return tuple(layer for layer in layers if layer.tokens > 0)
 
 
-def _session(m: AgenticSessionModel, index: int, seed: int, scale: float,
-             weights: np.ndarray) -> Session:
+def _session(
+    m: AgenticSessionModel, index: int, seed: int, scale: float, weights: np.ndarray
+) -> Session:
     rng = np.random.default_rng(np.random.SeedSequence([seed, index]))
     sid, group = f"agentic-{seed}-{index:05d}", int(rng.choice(m.num_groups, p=weights))
     cap = max(1, math.floor(m.max_prompt_tokens * scale))
@@ -223,7 +230,10 @@ def _session(m: AgenticSessionModel, index: int, seed: int, scale: float,
 
 
 def generate_sessions(
-    n_sessions: int, *, seed: int, scale: float = 1.0,
+    n_sessions: int,
+    *,
+    seed: int,
+    scale: float = 1.0,
     model: AgenticSessionModel | None = None,
 ) -> list[Session]:
     """Generate ``n_sessions`` sessions, deterministic by ``seed``.
@@ -239,7 +249,7 @@ def generate_sessions(
         raise ValueError(f"scale must be a positive finite number, got {scale}")
     m = model or load_session_model()
     ranks = np.arange(1, m.num_groups + 1, dtype=float)
-    weights = ranks ** -m.zipf_alpha
+    weights = ranks**-m.zipf_alpha
     weights /= weights.sum()
     sessions = [_session(m, i, seed, scale, weights) for i in range(n_sessions)]
     logger.debug("generated %d agentic sessions (seed=%d, scale=%s)", n_sessions, seed, scale)

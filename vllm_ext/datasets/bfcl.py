@@ -53,8 +53,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _task_from_record(record: dict[str, Any], category: str) -> BfclTask:
     missed = {
-        int(turn): tuple(names)
-        for turn, names in (record.get("missed_function") or {}).items()
+        int(turn): tuple(names) for turn, names in (record.get("missed_function") or {}).items()
     }
     return BfclTask(
         id=record["id"],
@@ -93,15 +92,14 @@ def schema_files() -> dict[str, str]:
 def _schema_files() -> dict[str, str]:
     source = data_path("bfcl_eval", *_MAPPING_MODULE).read_text(encoding="utf-8")
     for node in ast.parse(source).body:
-        if (
-            isinstance(node, ast.Assign)
-            and any(isinstance(t, ast.Name) and t.id == _MAPPING_NAME for t in node.targets)
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == _MAPPING_NAME for t in node.targets
         ):
             return dict(ast.literal_eval(node.value))
     raise LookupError(f"{_MAPPING_NAME} not found in bfcl_eval/{'/'.join(_MAPPING_MODULE)}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _class_schemas(class_name: str) -> tuple[dict[str, Any], ...]:
     mapping = _schema_files()
     if class_name not in mapping:

@@ -84,8 +84,9 @@ def _iter_array_items(path: Path) -> Iterator[Any]:
             more = None if eof else next(chunks, None)
             if more is None:
                 if pos < len(buf):
-                    logger.info("stopped at truncated tail of %s (%d chars)",
-                                path.name, len(buf) - pos)
+                    logger.info(
+                        "stopped at truncated tail of %s (%d chars)", path.name, len(buf) - pos
+                    )
                 return
             buf, pos = buf[pos:] + more, 0
             continue
@@ -136,9 +137,7 @@ def _first_turn_pool() -> tuple[ChatSample, ...]:
     return pool
 
 
-def first_turns(
-    n: int, *, seed: int = 0, max_prompt_chars: int | None = None
-) -> list[ChatSample]:
+def first_turns(n: int, *, seed: int = 0, max_prompt_chars: int | None = None) -> list[ChatSample]:
     """Return ``n`` first-turn samples (human prompt, non-empty gpt reply).
 
     The sample is a seeded random permutation of all usable conversations, so

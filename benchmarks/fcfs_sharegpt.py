@@ -1,0 +1,124 @@
+"""Plain vLLM (FCFS) on ShareGPT, with and without vllm_ext installed-but-idle.
+
+The baseline every scheduling benchmark builds on: SmolLM2-135M-Instruct
+serving ShareGPT first turns (output lengths = ShareGPT's own answers, capped,
+EOS ignored) over a sweep of Poisson request rates, the highest one queueing
+behind ``--max-num-seqs``. Two variants on the same requests:
+
+- ``vllm``: vLLM with vllm_ext's plugin excluded from ``VLLM_PLUGINS``;
+- ``vllm+vllm_ext``: ``vllm-ext serve`` with no system enabled.
+
+Headline: mean per-token latency at the highest rate, ours / vLLM; the target
+is no overhead (ratio ≤ 1.03) when no system is enabled.
+
+Run: ``python -m benchmarks.fcfs_sharegpt`` (``make bench``), ~4 min on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from vllm_ext.assets import model_path
+from vllm_ext.bench import (
+    BenchResult,
+    GpuPowerSampler,
+    collect_fingerprint,
+    make_headline,
+    run_trace_sync,
+    summarize,
+    write_result,
+)
+from vllm_ext.bench.workloads import sharegpt_requests
+from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
+
+NAME = "fcfs_sharegpt"
+HEADLINE_METRIC = "mean_per_token_latency_s"
+
+
+def _variants() -> dict[str, dict]:
+    others = [ep.name for ep in entry_points(group="vllm.general_plugins") if ep.name != "vllm_ext"]
+    # VLLM_PLUGINS="" would mean "nothing"; naming the others keeps vLLM's own plugins
+    return {
+        "vllm": {"launcher": "vllm", "env": {"VLLM_PLUGINS": ",".join(others) or ","}},
+        "vllm+vllm_ext": {"launcher": "vllm-ext", "env": {}},
+    }
+
+
+def _serve(model: Path, variant: dict, log: Path) -> VllmServer:
+    args = [*CPU_SERVE_ARGS, "--served-model-name", "smollm2"]
+    return VllmServer(
+        str(model), args, launcher=variant["launcher"], env=variant["env"], log_path=log
+    )
+
+
+def run(rates: list[float], n_requests: int, max_tokens: int, out_dir: str) -> BenchResult:
+    model = model_path("smollm2")
+    series: dict[str, list[dict]] = {}
+    power: dict[str, dict] = {}
+    logs = Path(tempfile.mkdtemp(prefix="bench-fcfs-"))
+    for name, variant in _variants().items():
+        with _serve(model, variant, logs / f"{name}.log") as server, GpuPowerSampler() as sampler:
+            for rate in rates:
+                requests = sharegpt_requests(
+                    n_requests, rate=rate, seed=0, max_tokens=max_tokens, tokenizer=model
+                )
+                records = run_trace_sync(
+                    server.base_url, "smollm2", requests, desc=f"{name} rate={rate:g}"
+                )
+                series.setdefault(name, []).append({"request_rate": rate, **summarize(records)})
+        power[name] = sampler.summary()
+    top = {name: points[-1] for name, points in series.items()}
+    result = BenchResult(
+        name=NAME,
+        description=__doc__.split("\n\n")[0],
+        variants=top,
+        headline=make_headline(
+            HEADLINE_METRIC,
+            top["vllm+vllm_ext"][HEADLINE_METRIC],
+            top["vllm"][HEADLINE_METRIC],
+            "vllm",
+            higher_is_better=False,
+            target="ratio <= 1.03 (no overhead with no system enabled)",
+        ),
+        fingerprint=collect_fingerprint(),
+        power=power,
+        series=series,
+        sweep_axis="request_rate",
+        plot_metric=HEADLINE_METRIC,
+        config={
+            "model": "SmolLM2-135M-Instruct (bf16)",
+            "requests_per_rate": n_requests,
+            "max_tokens_cap": max_tokens,
+            "rates": rates,
+            "serve_args": list(CPU_SERVE_ARGS),
+            "scheduling": "FCFS (vLLM default)",
+        },
+    )
+    write_result(result, out_dir)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", default="1,4,inf", help="Poisson rates, req/s ('inf' = burst)")
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    rates = sorted(float(r) for r in args.rates.split(","))
+    result = run(rates, args.requests, args.max_tokens, args.out)
+    h = result.headline
+    sys.stdout.write(
+        f"{h['metric']}: ours {h['ours']:.4f} vs {h['baseline_name']} "
+        f"{h['baseline']:.4f} (ratio {h['ratio']:.3f}; target {h['target']})\n"
+    )
+    return 0 if all(math.isfinite(p[HEADLINE_METRIC]) for p in result.variants.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
