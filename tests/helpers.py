@@ -23,5 +23,10 @@ def engine(model: str, **kwargs) -> Iterator:
     try:
         yield llm
     finally:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
         del llm
         gc.collect()
+        # parallel groups outlive the engine in-process; a later engine (e.g. a MoE
+        # model that needs the expert-parallel group) must start from a clean slate
+        cleanup_dist_env_and_memory()

@@ -1,4 +1,8 @@
-"""Counters a system keeps in EngineCore and in the worker reach `/metrics` of the API server."""
+"""Counters a system keeps in EngineCore and in the worker reach `/metrics` of the API server.
+
+The server is plain `vllm serve` with the connector passed by `--kv-transfer-config`
+(module path), so this also checks that vLLM's own flags work without our launcher.
+"""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ def server(tmp_path_factory):
         json.dumps(KV_CONFIG),
     ]
     with VllmServer(
-        str(model_path("tiny-llama")), args, launcher="vllm-ext", env=server_env(), log_path=log
+        str(model_path("tiny-llama")), args, launcher="vllm", env=server_env(), log_path=log
     ) as srv:
         yield srv
 
