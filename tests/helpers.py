@@ -16,9 +16,15 @@ ENGINE_DEFAULTS = dict(
 
 @contextmanager
 def engine(model: str, **kwargs) -> Iterator:
-    """An in-process ``vllm.LLM`` over model asset ``model``; freed on exit."""
+    """An in-process ``vllm.LLM`` over model asset ``model``; freed on exit.
+
+    Callers must drop their reference (``del llm``) before starting another engine.
+    """
     from vllm import LLM
 
+    # an engine finalized while another runs would tear down the shared
+    # distributed state under it: finish off dropped engines first
+    gc.collect()
     llm = LLM(model=str(model_path(model)), **{**ENGINE_DEFAULTS, **kwargs})
     try:
         yield llm

@@ -37,7 +37,19 @@ class SystemLaunch:
 
 
 # Systems join this table as they land (their issue adds the entry).
-SYSTEMS: dict[str, SystemLaunch] = {}
+SYSTEMS: dict[str, SystemLaunch] = {
+    "leap": SystemLaunch(
+        "leap",
+        scheduler_cls="vllm_ext.leap.scheduler.make_scheduler",
+        kv_connector={
+            "kv_connector": "LeapConnector",
+            "kv_connector_module_path": "vllm_ext.leap.connector",
+        },
+        flags=("--load-format", "leap"),
+        # the probe maps batch rows to requests through the V1 model runner
+        env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,230 @@
+"""LEAP inside a real vLLM engine (tiny Llama, CPU, in-process).
+
+Covers the probe (equal to transformers' hidden state, across chunked prefill
+and prefix-cache hits), FCFS equivalence without information, shortest-first
+ordering and SRPT preemption by predicted length, failure fallback, RLS
+checkpoints, leak-freedom after aborts, and composition with another
+connector through MultiConnector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.engine.leap_helpers import (
+    leap_connector_of,
+    leap_engine_kwargs,
+    record_schedule,
+    run_to_completion,
+    scheduler_of,
+    write_weights,
+)
+from tests.helpers import engine
+from vllm_ext.assets import model_path
+from vllm_ext.leap.runtime import HINT_KEY
+
+MODEL = "tiny-llama"
+PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + n)) for i, n in enumerate((40, 700, 90, 13))]
+
+
+def _params(max_tokens=8, hint=None, ignore_eos=True):
+    from vllm import SamplingParams
+
+    extra = {HINT_KEY: hint} if hint is not None else None
+    return SamplingParams(
+        temperature=0, max_tokens=max_tokens, ignore_eos=ignore_eos, extra_args=extra
+    )
+
+
+def _hf_hidden(prompt: list[int], layer: int) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path(MODEL), dtype=torch.float32)
+    with torch.no_grad():
+        out = model(torch.tensor([prompt]), output_hidden_states=True)
+    # hidden_states[0] is the embedding output; [l + 1] is decoder layer l's output
+    return out.hidden_states[layer + 1][0, -1].numpy()
+
+
+def test_probe_equals_transformers_hidden_state_with_chunks_and_cache_hits():
+    leap = {"layer": 0, "return_probe": True}
+    with engine(
+        MODEL, **leap_engine_kwargs(leap, dtype="float32", max_num_batched_tokens=256)
+    ) as llm:
+        first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params())
+        again = llm.generate([{"prompt_token_ids": PROMPTS[1]}], _params())[0]
+    assert again.num_cached_tokens > 0  # second run hit the prefix cache
+    for prompt, out in zip(PROMPTS, first, strict=True):
+        probe = np.asarray(out.kv_transfer_params["leap"]["probe"])
+        np.testing.assert_allclose(probe, _hf_hidden(prompt, 0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        again.kv_transfer_params["leap"]["probe"],
+        first[1].kv_transfer_params["leap"]["probe"],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def _traced_run(llm, requests):
+    trace = record_schedule(llm)
+    for rid, prompt, params in requests:
+        llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+    return trace, run_to_completion(llm)
+
+
+def _queueing_requests():
+    lengths = (30, 5, 18, 9, 25, 3, 12, 7)
+    return [(f"r{i}", PROMPTS[i % 4][: 20 + 9 * i], _params(n)) for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("predictor", ["none", "constant"])
+def test_without_information_the_schedule_is_exactly_vllms(tmp_path, predictor):
+    # small batch and KV pool so requests queue and vLLM itself preempts
+    common = dict(max_num_seqs=2, num_gpu_blocks_override=7, block_size=32, max_model_len=192)
+    with engine(MODEL, **common) as llm:
+        stock_trace, stock_out = _traced_run(llm, _queueing_requests())
+    del llm
+    # constant: every request predicted at 10 tokens, never corrected
+    leap = (
+        {}
+        if predictor == "none"
+        else {
+            "weights_path": str(write_weights(tmp_path / "w.npz", 128, constant=10.0)),
+            "online_rls": False,
+        }
+    )
+    with engine(MODEL, **leap_engine_kwargs(leap, **common)) as llm:
+        leap_trace, leap_out = _traced_run(llm, _queueing_requests())
+    assert leap_trace == stock_trace
+    assert leap_out == stock_out
+
+
+def test_hints_serve_shortest_predicted_first():
+    with engine(MODEL, **leap_engine_kwargs({}, max_num_seqs=1)) as llm:
+        trace = record_schedule(llm)
+        for rid, n in (("a", 24), ("b", 4), ("c", 12), ("d", 8)):
+            llm.llm_engine.add_request(rid, {"prompt_token_ids": PROMPTS[0]}, _params(n, hint=n))
+        run_to_completion(llm)
+    started = []
+    for step in trace:
+        for rid, _ in step:
+            if rid not in started:
+                started.append(rid)
+    assert started == ["b", "d", "c", "a"]
+
+
+def test_shorter_arrival_preempts_longest_and_outputs_are_unchanged():
+    with engine(MODEL, **leap_engine_kwargs({"preempt_margin": 0.5}, max_num_seqs=1)) as llm:
+        solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(40))[0].outputs[0]
+        engine_ = llm.llm_engine
+        engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(40, hint=40))
+        finished = []
+        for _ in range(6):
+            finished += [o.request_id for o in engine_.step() if o.finished]
+        engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(3, hint=3))
+        outputs = {}
+        while engine_.has_unfinished_requests():
+            for out in engine_.step():
+                if out.finished:
+                    finished.append(out.request_id)
+                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        counters = leap_connector_of(llm).counters
+    assert finished == ["short", "long"]
+    assert counters.value("preemptions") == 1
+    assert outputs["long"] == list(solo.token_ids)
+
+
+def test_corrupt_weights_file_is_a_named_startup_error(tmp_path):
+    weights = write_weights(tmp_path / "nan.npz", 128, nan=True)
+    with pytest.raises(Exception, match="nan.npz"):
+        with engine(MODEL, **leap_engine_kwargs({"weights_path": str(weights)})):
+            pass
+
+
+def test_missing_probe_times_out_to_fcfs_and_serves_everything(tmp_path):
+    # weights but no probe (plain load format): no vector ever arrives
+    weights = write_weights(tmp_path / "w.npz", 128)
+    leap = {"weights_path": str(weights), "prediction_timeout_s": 0.001}
+    with engine(MODEL, **leap_engine_kwargs(leap, load_format="auto")) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params(24))
+        counters = leap_connector_of(llm).counters
+    assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    assert counters.value("fallbacks") == len(PROMPTS)
+    assert counters.value("predictions") == 0
+
+
+def test_absurd_predictions_are_clamped_and_never_corrupt_the_model(tmp_path):
+    weights = write_weights(tmp_path / "huge.npz", 128, overflow=True)
+    with engine(MODEL, **leap_engine_kwargs({"weights_path": str(weights)})) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params(6))
+        connector = leap_connector_of(llm)
+    predicted = [o.kv_transfer_params["leap"]["predicted_tokens"] for o in outs]
+    assert all(1 <= p <= 8192 for p in predicted)
+    assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
+    assert connector.counters.value("rls_updates") == 0
+    connector.runtime.model.check_invariants()
+
+
+def test_rls_corrects_online_and_checkpoints(tmp_path):
+    # predicts 2 tokens; every request runs to its 10-token cap, so RLS learns
+    weights = write_weights(tmp_path / "w.npz", 128, constant=2.0)
+    ckpt = tmp_path / "ckpt.npz"
+    leap = {"weights_path": str(weights), "checkpoint_path": str(ckpt), "checkpoint_every": 2}
+    with engine(MODEL, **leap_engine_kwargs(leap)) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in PROMPTS], _params(10, ignore_eos=False)
+        )
+        counters = leap_connector_of(llm).counters
+        runtime = leap_connector_of(llm).runtime
+    assert counters.value("predictions") == len(PROMPTS)
+    assert counters.value("rls_updates") == len(PROMPTS)
+    assert counters.value("checkpoints") >= 1 and ckpt.exists()
+    from vllm_ext.leap.predictor import LinearLengthModel
+
+    assert LinearLengthModel.load(ckpt).n_updates == runtime.model.n_updates - (
+        runtime.model.n_updates % 2
+    )
+    assert all(o.kv_transfer_params["leap"]["predicted_tokens"] > 0 for o in outs)
+
+
+def test_aborts_in_every_state_leak_nothing(tmp_path):
+    weights = write_weights(tmp_path / "w.npz", 128)
+    kwargs = leap_engine_kwargs({"weights_path": str(weights)}, max_num_seqs=2)
+    with engine(MODEL, **kwargs) as llm:
+        engine_ = llm.llm_engine
+        for i in range(6):
+            engine_.add_request(f"q{i}", {"prompt_token_ids": PROMPTS[i % 4]}, _params(20))
+        engine_.abort_request(["q5"])  # waiting, never scheduled
+        engine_.step()
+        engine_.step()
+        engine_.abort_request(["q0", "q4"])  # running and waiting
+        run_to_completion(llm)
+        scheduler = scheduler_of(llm)
+        runtime = leap_connector_of(llm).runtime
+        pool = scheduler.kv_cache_manager.block_pool
+        assert not scheduler.requests and not scheduler.running and not scheduler.waiting
+        assert runtime.num_live() == 0
+        assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1  # minus the null block
+
+
+def test_leap_composes_with_another_connector_through_multiconnector(tmp_path):
+    weights = write_weights(tmp_path / "w.npz", 128)
+    kwargs = leap_engine_kwargs({"weights_path": str(weights)})
+    leap_kv = kwargs["kv_transfer_config"]
+    other = {
+        "kv_connector": "CountingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_module_path": "tests.e2e.counting_connector",
+    }
+    kwargs["kv_transfer_config"] = {
+        "kv_connector": "MultiConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"connectors": [other, leap_kv]},
+    }
+    with engine(MODEL, **kwargs) as llm:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params(5))
+        counters = leap_connector_of(llm).counters
+    assert counters.value("predictions") == len(PROMPTS)
+    assert all(o.kv_transfer_params is not None for o in outs)

@@ -1,0 +1,201 @@
+"""LeapPolicy: FCFS equivalence without predictions, SJF, aging bound, victims, risk, prior."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.policy import LeapPolicy, RequestView
+
+
+def _view(rid, arrival, predicted=None, generated=0, prompt=10, std=None):
+    return RequestView(rid, float(arrival), prompt, generated, predicted, std)
+
+
+def _policy(**kwargs):
+    return LeapPolicy(LeapConfig(**kwargs))
+
+
+def _fcfs(views):
+    """Expected FCFS: by arrival time, ties in insertion (list) order."""
+    return [
+        v.request_id for _, v in sorted(enumerate(views), key=lambda p: (p[1].arrival_time, p[0]))
+    ]
+
+
+def _random_views(rng, n, predict_share):
+    views = []
+    for i in range(n):
+        predicted = rng.uniform(1, 2000) if rng.random() < predict_share else None
+        std = rng.choice([None, rng.uniform(0, 2)]) if predicted else None
+        views.append(
+            _view(
+                f"r{rng.randrange(10**6)}-{i}",
+                rng.randrange(6),
+                predicted,
+                rng.randrange(300),
+                rng.randrange(1, 500),
+                std,
+            )
+        )
+    return views
+
+
+def test_no_predictions_is_exactly_fcfs():
+    rng = random.Random(0)
+    for _ in range(300):
+        policy = _policy(max_wait_s=rng.choice([0.5, 2.0, 30.0]), risk_k=rng.choice([0.0, 3.0]))
+        views = _random_views(rng, rng.randrange(1, 12), predict_share=0.0)
+        rng.shuffle(views)  # any insertion order; ties in arrival must keep it
+        now = rng.uniform(0, 8)  # some requests aged, some not
+        assert policy.order(views, now) == _fcfs(views)
+        assert policy.choose_victim(views, now) == _fcfs(views)[-1]  # vLLM's default victim
+
+
+def test_predicted_requests_shortest_remaining_first():
+    policy = _policy()
+    views = [
+        _view("long", 0, predicted=900),
+        _view("nearly-done", 1, predicted=500, generated=490),  # 10 left
+        _view("short", 2, predicted=50),
+        _view("tie-late", 4, predicted=50),
+        _view("overrun", 5, predicted=20, generated=80),  # past its prediction: 1 left
+        _view("tie-early", 3, predicted=50),
+    ]
+    order = policy.order(views, now=6)
+    assert order == ["overrun", "nearly-done", "short", "tie-early", "tie-late", "long"]
+    assert policy.remaining(views[1]) == 10 and policy.remaining(views[4]) == 1
+
+
+def test_unpredicted_go_ahead_of_predicted_and_aged_go_first():
+    policy = _policy(max_wait_s=10)
+    views = [
+        _view("predicted-short", 5, predicted=3),
+        _view("new-b", 7),
+        _view("aged-long", 0, predicted=5000),
+        _view("new-a", 6),
+        _view("aged-new", 1),
+    ]
+    assert policy.order(views, now=11) == [
+        "aged-long",
+        "aged-new",
+        "new-a",
+        "new-b",
+        "predicted-short",
+    ]
+    assert policy.is_aged(views[4], now=11) and not policy.is_aged(views[4], now=10.99)
+
+
+@pytest.mark.parametrize("shorts_predicted", [True, False])
+def test_long_job_waits_at_most_max_wait(shorts_predicted):
+    """One request served per tick, two short jobs arriving per tick (the queue grows)."""
+    max_wait = 10
+
+    def start_tick(policy, ticks=60):
+        queue = [_view("long", 0, predicted=10_000)]
+        for tick in range(ticks):
+            short = 5 if shorts_predicted else None
+            queue += [_view(f"s{tick}-{j}", tick, predicted=short) for j in range(2)]
+            first = policy.order(queue, now=tick)[0]
+            if first == "long":
+                return tick
+            queue = [v for v in queue if v.request_id != first]
+        return None
+
+    assert start_tick(_policy(max_wait_s=max_wait)) <= max_wait + 1
+    # without the bound the long job starves behind the stream: the test can fail
+    assert start_tick(_policy(max_wait_s=1e6)) is None
+
+
+def test_victim_is_longest_predicted_non_aged():
+    policy = _policy(max_wait_s=10)
+    running = [
+        _view("aged-huge", 0, predicted=8000),  # protected by the aging bound
+        _view("a", 5, predicted=100, generated=10),  # 90 left
+        _view("b", 6, predicted=500, generated=450),  # 50 left
+        _view("probing", 9),  # no prediction yet: protected while predicted ones exist
+    ]
+    assert policy.choose_victim(running, now=12) == "a"
+    tie = [_view("x", 5, predicted=90), _view("y", 7, predicted=90), _view("z", 6, predicted=90)]
+    assert policy.choose_victim(tie, now=8) == "y"  # ties: latest arrival
+
+
+def test_victim_without_predictions_or_all_aged_is_fcfs_last():
+    policy = _policy(max_wait_s=10)
+    same_time = [_view("first", 3), _view("second", 3), _view("early", 1)]
+    assert policy.choose_victim(same_time, now=4) == "second"
+    mixed = [_view("aged-pred", 0, predicted=9000), _view("new-1", 5), _view("new-2", 6)]
+    assert policy.choose_victim(mixed, now=12) == "new-2"  # only unpredicted non-aged
+    all_aged = [_view("p", 2, predicted=10), _view("q", 1, predicted=9000)]
+    assert policy.choose_victim(all_aged, now=50) == "p"
+    with pytest.raises(ValueError, match="at least one"):
+        policy.choose_victim([], now=0)
+
+
+def test_victim_is_last_in_serving_order():
+    rng = random.Random(1)
+    for _ in range(300):
+        policy = _policy(max_wait_s=rng.choice([1.0, 4.0]), risk_k=rng.choice([0.0, 1.0]))
+        views = _random_views(rng, rng.randrange(1, 10), predict_share=0.6)
+        now = rng.uniform(0, 7)
+        assert policy.choose_victim(views, now) == policy.order(views, now)[-1]
+
+
+def test_risk_k_reorders_only_where_sigma_differs():
+    rng = random.Random(2)
+    for _ in range(200):
+        sigma = rng.uniform(0, 2)
+        views = [
+            _view(f"r{i}", rng.randrange(5), rng.uniform(1, 3000), rng.randrange(500), std=sigma)
+            for i in range(8)
+        ]
+        assert _policy(risk_k=2.5).order(views, 6) == _policy(risk_k=0.0).order(views, 6)
+    sure = _view("sure", 0, predicted=100, std=0.0)
+    unsure = _view("unsure", 1, predicted=80, std=0.5)
+    assert _policy(risk_k=0.0).order([sure, unsure], 2) == ["unsure", "sure"]
+    assert _policy(risk_k=1.0).order([sure, unsure], 2) == ["sure", "unsure"]
+    assert _policy(risk_k=1.0).remaining(unsure) == pytest.approx(80 * math.exp(0.5))
+    assert _policy(risk_k=1.0).remaining(_view("no-std", 0, predicted=80)) == 80
+    assert _policy(risk_k=2000.0).remaining(unsure) == math.inf  # no OverflowError
+
+
+def test_prompt_length_prior_orders_unpredicted_by_prompt():
+    policy = _policy(prior="prompt_length", max_wait_s=10)
+    views = [
+        _view("long-prompt", 1, prompt=900),
+        _view("predicted", 0, predicted=2),
+        _view("short-late", 3, prompt=20),
+        _view("short-early", 2, prompt=20),
+        _view("aged", -20, prompt=5000),
+    ]
+    assert policy.order(views, now=4) == [
+        "aged",
+        "short-early",
+        "short-late",
+        "long-prompt",
+        "predicted",
+    ]
+    # victim without predictions stays vLLM's FCFS last, whatever the prior
+    assert policy.choose_victim([v for v in views if v.predicted_total is None], 4) == "short-late"
+
+
+def test_remaining_and_view_validation():
+    policy = _policy()
+    assert policy.remaining(_view("x", 0)) is None
+    assert policy.remaining(_view("x", 0, predicted=30, generated=5)) == 25
+    for kwargs in (
+        {"predicted": 0.0},
+        {"predicted": math.nan},
+        {"predicted": 5, "std": -1},
+        {"generated": -1},
+        {"arrival": math.inf},
+        {"prompt": 2.5},
+    ):
+        args = {"rid": "bad", "arrival": 0, **kwargs}
+        with pytest.raises(ValueError, match="RequestView"):
+            _view(**args)
+    with pytest.raises(ValueError, match="duplicate"):
+        policy.order([_view("a", 0), _view("a", 1)], 2)

@@ -1,0 +1,156 @@
+"""LEAP configuration: one frozen dataclass, built by ``load_config(LeapConfig, "leap", ...)``.
+
+Every field can also be set as ``VLLM_EXT_LEAP_<FIELD>``. Values are checked
+in ``__post_init__`` so that a directly constructed ``LeapConfig`` is held to
+the same rules as one built by :func:`~vllm_ext.common.config.load_config`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vllm_ext.common.config import ConfigError, load_config, option
+
+SYSTEM = "leap"
+
+
+@dataclass(frozen=True)
+class LeapConfig:
+    """Settings of the LEAP scheduler, predictor and online correction."""
+
+    layer: int | None = option(
+        None, doc="decoder layer whose output is probed (0-based); None = num_layers // 2"
+    )
+    pooling: Literal["last", "mean"] = option(
+        "last", doc="hidden state at the last prompt token, or the mean over the prompt"
+    )
+    weights_path: str | None = option(
+        None, doc="calibrated weights (.npz) from the calibrate CLI; None = no prediction (FCFS)"
+    )
+    checkpoint_path: str | None = option(
+        None, doc="where online-corrected weights are saved; None = not saved"
+    )
+    checkpoint_every: int = option(64, doc="RLS updates between checkpoints (>= 1)")
+    online_rls: bool = option(True, doc="correct the weights online from true lengths (RLS)")
+    forgetting: float = option(0.999, doc="RLS forgetting factor, in (0, 1]; 1 = no forgetting")
+    rls_init_scale: float = option(
+        1.0, doc="scale of the initial RLS covariance when not loaded from weights (> 0)"
+    )
+    ridge_alpha: float = option(1.0, doc="ridge penalty of the calibration fit (>= 0)")
+    max_wait_s: float = option(
+        30.0, doc="aging bound: a request waiting longer is served before any non-aged one (> 0)"
+    )
+    risk_k: float = option(
+        0.0, doc="order by predicted remaining inflated by exp(k * log-std) (>= 0)"
+    )
+    prior: Literal["fcfs", "prompt_length"] = option(
+        "fcfs", doc="order of requests without a prediction yet: arrival, or shortest prompt"
+    )
+    prediction_timeout_s: float = option(
+        1.0, doc="after prefill, how long to wait for a prediction before FCFS for it (> 0)"
+    )
+    max_len: int = option(8192, doc="clamp for the predicted total output length (>= 1)")
+    preempt: bool = option(
+        True,
+        doc="when decode slots are full, preempt the longest predicted remaining for a "
+        "waiting request expected to be shorter (SRPT); False = reorder queues only",
+    )
+    preempt_margin: float = option(
+        0.5,
+        doc="preempt only if the running request's remaining exceeds the waiting one's "
+        "expected remaining by this fraction (>= 0)",
+    )
+    max_preemptions: int = option(2, doc="a request is preempted by LEAP at most this often (>= 0)")
+    return_probe: bool = option(
+        False, doc="return each request's probe vector in kv_transfer_params (calibration)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.layer is not None:
+            _check_int(self, "layer", minimum=0)
+        _check_choice(self, "pooling", ("last", "mean"))
+        _check_optional_str(self, "weights_path")
+        _check_optional_str(self, "checkpoint_path")
+        _check_int(self, "checkpoint_every", minimum=1)
+        if not isinstance(self.online_rls, bool):
+            raise ConfigError(f"LeapConfig.online_rls must be a boolean, got {self.online_rls!r}")
+        _check_float(self, "forgetting", lambda v: 0 < v <= 1, "in (0, 1]")
+        _check_float(self, "rls_init_scale", lambda v: v > 0, "> 0")
+        _check_float(self, "ridge_alpha", lambda v: v >= 0, ">= 0")
+        _check_float(self, "max_wait_s", lambda v: v > 0, "> 0")
+        _check_float(self, "risk_k", lambda v: v >= 0, ">= 0")
+        _check_choice(self, "prior", ("fcfs", "prompt_length"))
+        _check_float(self, "prediction_timeout_s", lambda v: v > 0, "> 0")
+        _check_int(self, "max_len", minimum=1)
+        for name in ("preempt", "return_probe"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"LeapConfig.{name} must be a boolean, got {getattr(self, name)!r}"
+                )
+        _check_float(self, "preempt_margin", lambda v: v >= 0, ">= 0")
+        _check_int(self, "max_preemptions", minimum=0)
+
+    def resolve_layer(self, num_layers: int) -> int:
+        """The probed decoder layer for a model with ``num_layers`` layers.
+
+        Args:
+            num_layers: number of decoder layers of the served model (>= 1).
+
+        Returns:
+            ``layer``, or ``num_layers // 2`` when ``layer`` is None.
+
+        Raises:
+            ConfigError: ``num_layers`` < 1 or ``layer`` >= ``num_layers``.
+        """
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ConfigError(
+                f"LeapConfig.layer: num_layers must be an int >= 1, not {num_layers!r}"
+            )
+        if self.layer is None:
+            return num_layers // 2
+        if self.layer >= num_layers:
+            raise ConfigError(
+                f"LeapConfig.layer={self.layer} is out of range for a model with "
+                f"{num_layers} layers (valid: 0..{num_layers - 1})"
+            )
+        return self.layer
+
+
+def load_leap_config(
+    mapping: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> LeapConfig:
+    """``load_config(LeapConfig, "leap", mapping, environ)``: mapping > env > defaults."""
+    return load_config(LeapConfig, SYSTEM, mapping, environ)
+
+
+def _check_int(cfg: LeapConfig, name: str, minimum: int) -> None:
+    value = getattr(cfg, name)
+    # bool is an int subclass; True as a layer index is a typo, not a value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"LeapConfig.{name} must be int, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"LeapConfig.{name} must be >= {minimum}, got {value}")
+
+
+def _check_float(cfg: LeapConfig, name: str, ok: Any, rule: str) -> None:
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"LeapConfig.{name} must be float, got {value!r}")
+    # NaN fails every comparison, so `ok` alone would let some rules pass it
+    if not math.isfinite(value) or not ok(value):
+        raise ConfigError(f"LeapConfig.{name} must be {rule}, got {value}")
+
+
+def _check_choice(cfg: LeapConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        raise ConfigError(f"LeapConfig.{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_optional_str(cfg: LeapConfig, name: str) -> None:
+    value = getattr(cfg, name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"LeapConfig.{name} must be a non-empty path or None, got {value!r}")

@@ -1,0 +1,113 @@
+"""LeapConnector: carries probe vectors from the worker to the scheduler in the same step.
+
+Extends ``KVConnectorBase_V1`` + ``SupportsHMA`` (vLLM 0.32.0); it moves no KV.
+Worker side: after each forward, ``build_connector_worker_meta()`` returns the
+vectors the probe captured (:mod:`vllm_ext.leap.probe`). Scheduler side:
+``update_connector_output()`` hands them to :class:`~vllm_ext.leap.runtime.LeapRuntime`,
+which predicts; ``request_finished_all_groups()`` feeds the true length back
+(RLS) and returns ``{"leap": {...}}`` as the request's ``kv_transfer_params``.
+Counters reach ``/metrics`` as ``vllm_ext:leap_*_total``. Composes with other
+connectors through vLLM's MultiConnector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.v1.request import RequestStatus
+
+from vllm_ext.common.prom import PublishesCounters
+from vllm_ext.leap import loader
+from vllm_ext.leap.runtime import COUNTERS, LeapRuntime
+from vllm_ext.leap.settings import leap_config_from_vllm
+
+
+@dataclass
+class LeapMetadata(KVConnectorMetadata):
+    finished_req_ids: frozenset[str] = frozenset()
+
+
+@dataclass
+class LeapWorkerMetadata(KVConnectorWorkerMetadata):
+    vectors: dict[str, list[float]] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        # tensor-parallel workers see the same batch; any one's vectors will do
+        if isinstance(other, LeapWorkerMetadata):
+            for req_id, vector in other.vectors.items():
+                self.vectors.setdefault(req_id, vector)
+        return self
+
+
+class LeapConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
+    COUNTER_SYSTEM = "leap"
+    COUNTER_SPECS = COUNTERS
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.counters = self.make_counters()
+        self.config = leap_config_from_vllm(vllm_config)
+        self.runtime = (
+            LeapRuntime(
+                self.config, self.counters, hidden_size=vllm_config.model_config.get_hidden_size()
+            )
+            if role == KVConnectorRole.SCHEDULER
+            else None
+        )
+
+    # ---- scheduler side
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        pass
+
+    def build_connector_meta(self, scheduler_output):
+        return LeapMetadata(finished_req_ids=frozenset(scheduler_output.finished_req_ids))
+
+    def update_connector_output(self, connector_output):
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, LeapWorkerMetadata):
+            for req_id, vector in meta.vectors.items():
+                self.runtime.on_probe(req_id, vector)
+
+    def request_finished(self, request, block_ids):
+        info = self.runtime.on_finished(
+            request.request_id,
+            request.num_output_tokens,
+            stopped=request.status == RequestStatus.FINISHED_STOPPED,
+            length_capped=request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
+        )
+        return False, {"leap": info}
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids)
+
+    # ---- worker side
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        pass
+
+    def wait_for_save(self):
+        pass
+
+    def build_connector_worker_meta(self):
+        probe = loader.PROBE
+        if probe is None:
+            return None
+        if self.has_connector_metadata():
+            probe.forget(self._get_connector_metadata().finished_req_ids)
+        vectors = probe.collect()
+        return LeapWorkerMetadata(vectors=vectors) if vectors else None

@@ -1,0 +1,183 @@
+"""LEAP serving order and preemption victim, over plain request views (no vLLM types).
+
+Serving order (ascending :meth:`LeapPolicy.sort_key`), in three classes:
+
+1. **aged** (waited >= ``max_wait_s``): first, FCFS among them -- the
+   starvation bound;
+2. **unpredicted** (no prediction yet): by arrival (prior ``fcfs``) or by
+   prompt length (prior ``prompt_length``);
+3. **predicted**: shortest predicted remaining first, ties by arrival.
+
+Why unpredicted requests go *ahead of* predicted ones: the prediction comes
+from the request's own prefill hidden state, so a request is unpredicted
+exactly until it has been prefilled once. Ranking it behind predicted
+requests would stop new requests from being probed at all (they would be
+served only by aging), and the probe is work the request needs anyway.
+Predicted requests then compete by length (resumption after preemption, and
+victim choice). A stream of new arrivals can delay predicted requests, which
+the aging class bounds. It also gives the property the adapter relies on:
+with no predictions at all (predictor off, prior ``fcfs``) the order is
+exactly FCFS -- aged requests all arrived before non-aged ones, so the two
+arrival-sorted classes concatenate to one arrival order. Ties keep the input
+order (a stable sort; keys never compare request ids), so callers pass views
+in queue-insertion order.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from vllm_ext.leap.config import LeapConfig
+
+_AGED, _UNPREDICTED, _PREDICTED = 0, 1, 2
+# exp() overflows past this; remaining() reports inf instead of raising
+_MAX_LOG = 709.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What the policy sees of one request.
+
+    Args:
+        request_id: unique id.
+        arrival_time: seconds on the same clock as ``now``.
+        prompt_tokens: prompt length.
+        generated_tokens: output tokens generated so far.
+        predicted_total: predicted total output tokens (> 0), None if none yet.
+        predicted_log_std: std of the prediction in log1p space (>= 0), if known.
+    """
+
+    request_id: str
+    arrival_time: float
+    prompt_tokens: int
+    generated_tokens: int
+    predicted_total: float | None
+    predicted_log_std: float | None = None
+
+    def __post_init__(self) -> None:
+        where = f"RequestView({self.request_id!r})"
+        if not isinstance(self.request_id, str):
+            raise ValueError(f"{where}: request_id must be a str")
+        if not math.isfinite(self.arrival_time):
+            raise ValueError(f"{where}: arrival_time must be finite, got {self.arrival_time}")
+        for name in ("prompt_tokens", "generated_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{where}: {name} must be an int >= 0, got {value!r}")
+        total, std = self.predicted_total, self.predicted_log_std
+        if total is not None and not (math.isfinite(total) and total > 0):
+            raise ValueError(f"{where}: predicted_total must be finite and > 0, got {total}")
+        if std is not None and not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"{where}: predicted_log_std must be finite and >= 0, got {std}")
+
+
+class LeapPolicy:
+    """Stateless ordering rules of LEAP; see the module docstring.
+
+    Args:
+        config: uses ``max_wait_s``, ``risk_k`` and ``prior``.
+    """
+
+    def __init__(self, config: LeapConfig):
+        self.config = config
+
+    def is_aged(self, view: RequestView, now: float) -> bool:
+        """Whether ``view`` has waited at least ``max_wait_s`` at time ``now``."""
+        return now - view.arrival_time >= self.config.max_wait_s
+
+    def remaining(self, view: RequestView) -> float | None:
+        """Predicted remaining output tokens, risk-inflated; None without a prediction.
+
+        ``r = max(predicted_total - generated, 1)`` (a request past its
+        prediction counts as about to finish), then ``exp(log r + k * sigma)``
+        with ``k = risk_k`` and ``sigma = predicted_log_std`` (0 if unknown).
+        The inflation multiplies the *remaining* by ``e^(k sigma)``, not the
+        total: requests with equal sigma share the factor, so risk_k reorders
+        only where sigma differs.
+        """
+        if view.predicted_total is None:
+            return None
+        remaining, inflation = self._remaining_and_inflation(view)
+        if inflation == 0:
+            return remaining  # exact, no log/exp round trip
+        if math.log(remaining) + inflation >= _MAX_LOG:
+            return math.inf
+        return remaining * math.exp(inflation)
+
+    def sort_key(self, view: RequestView, now: float) -> tuple[int, float, float]:
+        """Key whose ascending order is the serving order (stable sort: ties keep input order)."""
+        if self.is_aged(view, now):
+            return (_AGED, view.arrival_time, 0.0)
+        score = self._log_remaining(view)
+        if score is not None:
+            # log-domain score: same order as remaining(), never overflows
+            return (_PREDICTED, score, view.arrival_time)
+        if self.config.prior == "prompt_length":
+            return (_UNPREDICTED, float(view.prompt_tokens), view.arrival_time)
+        return (_UNPREDICTED, view.arrival_time, 0.0)
+
+    def order(self, views: Iterable[RequestView], now: float) -> list[str]:
+        """Request ids in serving order.
+
+        Args:
+            views: requests in queue-insertion order (it breaks exact ties).
+            now: current time, on the clock of ``arrival_time``.
+
+        Returns:
+            Ids, first to serve first.
+        """
+        views = _unique(views)
+        return [v.request_id for v in sorted(views, key=lambda v: self.sort_key(v, now))]
+
+    def choose_victim(self, running_views: Iterable[RequestView], now: float) -> str:
+        """Preemption victim among running requests.
+
+        Aged requests are protected (preempting them would break the aging
+        bound); if every running request is aged, the last in FCFS order goes.
+        Among the non-aged: the longest predicted remaining (ties: latest
+        arrival, then latest in input order). Unpredicted requests count as
+        shorter than any predicted one: their probe is in flight, and
+        preempting them throws away the prefill that produces it. With no
+        prediction among them: the last in FCFS order, vLLM's default victim
+        (the most recently arrived running request). Under prior ``fcfs`` the
+        victim is therefore always the last of :meth:`order`.
+
+        Args:
+            running_views: running requests in running-queue order.
+            now: current time.
+
+        Returns:
+            The victim's request id.
+        """
+        views = _unique(running_views)
+        if not views:
+            raise ValueError("choose_victim needs at least one running request")
+        fresh = [i for i, v in enumerate(views) if not self.is_aged(v, now)]
+        scored = [(self._log_remaining(views[i]), views[i].arrival_time, i) for i in fresh]
+        predicted = [key for key in scored if key[0] is not None]
+        if predicted:
+            return views[max(predicted)[2]].request_id
+        pool = fresh or range(len(views))
+        return views[max(pool, key=lambda i: (views[i].arrival_time, i))].request_id
+
+    def _remaining_and_inflation(self, view: RequestView) -> tuple[float, float]:
+        remaining = max(view.predicted_total - view.generated_tokens, 1.0)
+        return remaining, self.config.risk_k * (view.predicted_log_std or 0.0)
+
+    def _log_remaining(self, view: RequestView) -> float | None:
+        """log of :meth:`remaining`: the same order, and it never overflows."""
+        if view.predicted_total is None:
+            return None
+        remaining, inflation = self._remaining_and_inflation(view)
+        return math.log(remaining) + inflation
+
+
+def _unique(views: Iterable[RequestView]) -> list[RequestView]:
+    views = list(views)
+    ids = {v.request_id for v in views}
+    if len(ids) != len(views):
+        raise ValueError("duplicate request ids in views")
+    return views

@@ -1,0 +1,251 @@
+"""Scheduler-process state of LEAP: probe vectors in, predictions out, RLS on finish.
+
+Pure Python + numpy (no vLLM): the LeapConnector feeds it probe vectors from
+the worker and finished requests; the LeapScheduler reads predictions. The
+linear head runs here, on the CPU of the EngineCore process, off the
+accelerator: a dot product of hidden-size length per request.
+
+Failure rule: any problem with one request's prediction (non-finite vector,
+predictor error, no vector within ``prediction_timeout_s``) leaves that
+request without a prediction — it is then ordered like vLLM's FCFS — with one
+warning per kind and a counter; nothing fails the request.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_ext.common.counters import Counters, CounterSpec
+from vllm_ext.common.log import get_logger
+from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.predictor import LinearLengthModel, Prediction
+
+logger = get_logger(__name__)
+
+# vLLM extra_args key (OpenAI API: "vllm_xargs") of a client-supplied length
+HINT_KEY = "leap_predicted_tokens"
+
+COUNTERS = (
+    CounterSpec("predictions", "requests that received a length prediction"),
+    CounterSpec("fallbacks", "requests ordered FCFS because their prediction failed or timed out"),
+    CounterSpec("rls_updates", "online RLS corrections from finished requests"),
+    CounterSpec("rls_skipped", "finished requests not used for RLS (aborted, censored, bad)"),
+    CounterSpec("abs_log_error_sum", "sum of |log1p(predicted) - log1p(true)| over RLS updates"),
+    CounterSpec("checkpoints", "weights+covariance checkpoints written"),
+    CounterSpec("preemptions", "running requests LEAP preempted for a shorter waiting one"),
+)
+
+
+@dataclass
+class _Entry:
+    features: np.ndarray | None = None
+    prediction: Prediction | None = None
+    prefill_done_at: float | None = None
+    failed: bool = False
+
+
+class LeapRuntime:
+    """Predictions per live request and the online-corrected model.
+
+    Args:
+        config: the LEAP config; ``weights_path=None`` means no predictions.
+        counters: where counts go (published on ``/metrics`` by the connector).
+        clock: seconds, monotonic; injectable for tests.
+    """
+
+    def __init__(
+        self,
+        config: LeapConfig,
+        counters: Counters,
+        clock: Callable[[], float] = time.monotonic,
+        hidden_size: int | None = None,
+    ):
+        self.config = config
+        self.counters = counters
+        self.clock = clock
+        self.model: LinearLengthModel | None = None
+        if config.weights_path:
+            # a checkpoint of earlier online corrections wins over the calibrated file
+            source = config.checkpoint_path if _exists(config.checkpoint_path) else None
+            self.model = LinearLengthModel.load(source or config.weights_path, dim=hidden_size)
+            logger.info(
+                "LEAP predictor loaded from %s (%d features)",
+                source or config.weights_path,
+                self.model.num_features,
+            )
+        self._entries: dict[str, _Entry] = {}
+        self._updates_since_checkpoint = 0
+        self._warned: set[str] = set()
+        # log1p of recent finished lengths: the prior when there is no model
+        self._length_stats: deque[float] = deque(maxlen=256)
+
+    @property
+    def active(self) -> bool:
+        return self.model is not None
+
+    @property
+    def typical_tokens(self) -> float | None:
+        """Expected length of a request not prefilled yet (None: nothing known yet).
+
+        With a model: its bias — features are standardised, so the bias is the
+        prediction for the average probe vector (the calibration mean of
+        log(1 + length)). Without one (length hints only): the geometric mean
+        of recent finished lengths.
+        """
+        if self.model is not None:
+            log_len = float(self.model.w[-1])
+        elif self._length_stats:
+            log_len = sum(self._length_stats) / len(self._length_stats)
+        else:
+            return None
+        return float(min(max(math.expm1(log_len), 1.0), self.config.max_len))
+
+    def _warn_once(self, kind: str, msg: str, *args) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning(msg, *args)
+
+    def on_probe(self, req_id: str, vector) -> None:
+        """A probe vector arrived for ``req_id`` (prefill done, maybe again after preemption)."""
+        entry = self._entries.setdefault(req_id, _Entry())
+        entry.prefill_done_at = entry.prefill_done_at or self.clock()
+        entry.features = np.asarray(vector, dtype=np.float64)
+        if self.model is None:
+            return
+        try:
+            prediction = self.model.predict(entry.features, max_len=self.config.max_len)
+        except Exception as exc:  # any predictor failure degrades to FCFS for this request
+            entry.features = None
+            self._fail(
+                entry, "predict", "LEAP prediction failed (%s); request keeps FCFS order", exc
+            )
+            return
+        if entry.prediction is None:
+            self.counters.inc("predictions")
+        entry.prediction, entry.failed = prediction, False
+
+    def _fail(self, entry: _Entry, kind: str, msg: str, *args) -> None:
+        if not entry.failed:
+            self.counters.inc("fallbacks")
+        entry.failed, entry.prediction = True, None
+        self._warn_once(kind, msg, *args)
+
+    def on_scheduled_prefill_done(self, req_id: str) -> None:
+        """The scheduler saw ``req_id`` finish its prompt; start the timeout clock."""
+        entry = self._entries.setdefault(req_id, _Entry())
+        if entry.prefill_done_at is None:
+            entry.prefill_done_at = self.clock()
+
+    def prediction(self, req_id: str, hint=None) -> Prediction | None:
+        """The current prediction, or None (no model, not yet, or failed).
+
+        ``hint``: a length the client sent with the request (vLLM ``extra_args``
+        key :data:`HINT_KEY`); it replaces the probe's prediction. Baselines
+        (oracle, separate encoders) reach the same scheduler this way.
+        """
+        if hint is not None:
+            return self._hint_prediction(req_id, hint)
+        entry = self._entries.get(req_id)
+        if entry is None or entry.prediction is not None or self.model is None:
+            return entry.prediction if entry else None
+        if not entry.failed and entry.prefill_done_at is not None:
+            if self.clock() - entry.prefill_done_at > self.config.prediction_timeout_s:
+                self._fail(
+                    entry,
+                    "timeout",
+                    "LEAP prediction did not arrive within %.1f s; request keeps FCFS order",
+                    self.config.prediction_timeout_s,
+                )
+        return entry.prediction
+
+    def _hint_prediction(self, req_id: str, hint) -> Prediction | None:
+        entry = self._entries.setdefault(req_id, _Entry())
+        if entry.prediction is not None:
+            return entry.prediction
+        try:
+            total = float(hint)
+            if not (math.isfinite(total) and total > 0):
+                raise ValueError(hint)
+        except (TypeError, ValueError):
+            self._fail(
+                entry,
+                "hint",
+                "LEAP ignores length hint %r (not a positive number); request keeps FCFS order",
+                hint,
+            )
+            return None
+        total = min(total, float(self.config.max_len))
+        entry.prediction = Prediction(log_mean=math.log1p(total), log_std=0.0, total_tokens=total)
+        self.counters.inc("predictions")
+        return entry.prediction
+
+    def on_finished(
+        self, req_id: str, output_tokens: int, *, stopped: bool, length_capped: bool
+    ) -> dict:
+        """Correct the model with the true length; return what the client gets back."""
+        entry = self._entries.pop(req_id, None) or _Entry()
+        predicted = entry.prediction.total_tokens if entry.prediction else None
+        if stopped or length_capped:
+            self._length_stats.append(math.log1p(output_tokens))
+        if self._use_for_rls(entry, output_tokens, stopped, length_capped):
+            try:
+                error = self.model.rls_update(entry.features, output_tokens, self.config.forgetting)
+            except Exception as exc:  # a correction must never take the engine down
+                self._warn_once("rls", "LEAP RLS update failed (%s); weights unchanged", exc)
+                error = None
+            if error is None:
+                self.counters.inc("rls_skipped")
+            else:
+                self.counters.inc("rls_updates")
+                self.counters.inc("abs_log_error_sum", abs(float(error)))
+                self._maybe_checkpoint()
+        elif self.model is not None:
+            self.counters.inc("rls_skipped")
+        info = {"predicted_tokens": predicted, "output_tokens": output_tokens}
+        if self.config.return_probe:
+            info["probe"] = entry.features.tolist() if entry.features is not None else None
+        return info
+
+    def _use_for_rls(
+        self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool
+    ) -> bool:
+        if not (self.config.online_rls and self.model is not None and entry.features is not None):
+            return False
+        if stopped:
+            return True
+        # a length-capped request's true length is only known to be >= the cap:
+        # learning the cap is right exactly when we predicted less than it
+        return bool(
+            length_capped
+            and entry.prediction is not None
+            and entry.prediction.total_tokens < output_tokens
+        )
+
+    def _maybe_checkpoint(self) -> None:
+        self._updates_since_checkpoint += 1
+        path = self.config.checkpoint_path
+        if path and self._updates_since_checkpoint >= self.config.checkpoint_every:
+            self._updates_since_checkpoint = 0
+            try:
+                self.model.save(path)
+                self.counters.inc("checkpoints")
+            except OSError as exc:
+                self._warn_once("checkpoint", "LEAP checkpoint to %s failed: %s", path, exc)
+
+    def forget(self, req_id: str) -> None:
+        self._entries.pop(req_id, None)
+
+    def num_live(self) -> int:
+        return len(self._entries)
+
+
+def _exists(path: str | None) -> bool:
+    import os
+
+    return bool(path) and os.path.exists(path)

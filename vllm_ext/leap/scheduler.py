@@ -1,0 +1,163 @@
+"""LeapScheduler: shortest-predicted-remaining first, on top of vLLM's own scheduler.
+
+Extends ``vllm.v1.core.sched.scheduler.Scheduler`` and ``AsyncScheduler``
+(vLLM 0.32.0) through one mixin; pass ``--scheduler-cls
+vllm_ext.leap.scheduler.make_scheduler`` (the factory picks the async variant
+when vLLM schedules asynchronously, as on GPUs). Before each
+``super().schedule()`` it only rearranges vLLM's queues:
+
+1. SRPT admission: when every decode slot is taken and a waiting request's
+   expected remaining length (its prediction, or the prior for a request not yet
+   prefilled) is shorter by ``preempt_margin`` than the longest predicted
+   remaining among running requests, that running request is preempted (vLLM's
+   own ``_preempt_request``; its prompt blocks stay in the prefix cache).
+2. ``waiting`` is ordered by :class:`~vllm_ext.leap.policy.LeapPolicy`
+   (aged first, then shortest expected remaining).
+3. ``running`` is ordered so that the policy's preemption victim is last —
+   vLLM's FCFS victim is ``running[-1]``.
+
+Without predictions (no weights, predictor down) nothing is touched: the
+schedule is exactly vLLM's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from vllm_ext.common.log import get_logger
+from vllm_ext.leap.connector import LeapConnector
+from vllm_ext.leap.policy import LeapPolicy, RequestView
+from vllm_ext.leap.runtime import HINT_KEY
+
+logger = get_logger(__name__)
+
+
+def find_leap_connector(connector) -> LeapConnector | None:
+    """Our connector, directly configured or inside a MultiConnector."""
+    if isinstance(connector, LeapConnector):
+        return connector
+    for inner in getattr(connector, "_connectors", ()):
+        if isinstance(inner, LeapConnector):
+            return inner
+    return None
+
+
+class LeapSchedulerMixin:
+    """All LEAP logic; combined with Scheduler or AsyncScheduler below."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        leap = find_leap_connector(self.connector)
+        if leap is None:
+            raise ValueError(
+                "LeapScheduler needs the LeapConnector: add --kv-transfer-config "
+                '\'{"kv_connector": "LeapConnector", "kv_connector_module_path": '
+                '"vllm_ext.leap.connector", "kv_role": "kv_both"}\' (or use '
+                "vllm-ext serve --plugins leap)"
+            )
+        if self.policy != SchedulingPolicy.FCFS:
+            raise ValueError("LeapScheduler replaces the queue order; use --scheduling-policy fcfs")
+        self.leap = leap.runtime
+        self.leap_policy = LeapPolicy(self.leap.config)
+        logger.info(
+            "LEAP scheduler active (%s predictor, %s)",
+            "calibrated" if self.leap.active else "no",
+            type(self).__mro__[2].__name__,
+        )
+
+    def schedule(self, *args, **kwargs):
+        now = time.time()
+        views = {r.request_id: self._leap_view(r) for r in (*self.waiting, *self.running)}
+        # no prediction, or one value for all (a constant predictor): nothing to
+        # order by, so the schedule stays exactly vLLM's
+        if len({v.predicted_total for v in views.values()} - {None}) >= 2:
+            self._leap_admit_shorter(views, now)
+            self._leap_order_queues(views, now)
+        return super().schedule(*args, **kwargs)
+
+    def _leap_view(self, request) -> RequestView:
+        extra = request.sampling_params.extra_args if request.sampling_params else None
+        hint = extra.get(HINT_KEY) if extra else None
+        prediction = self.leap.prediction(request.request_id, hint)
+        if prediction is None and request.num_output_tokens > 0:
+            # prefill finished on an earlier step; start the prediction timeout
+            self.leap.on_scheduled_prefill_done(request.request_id)
+        return RequestView(
+            request_id=request.request_id,
+            arrival_time=request.arrival_time,
+            prompt_tokens=request.num_prompt_tokens,
+            generated_tokens=request.num_output_tokens,
+            predicted_total=prediction.total_tokens if prediction else None,
+            predicted_log_std=prediction.log_std if prediction else None,
+        )
+
+    def _leap_order_queues(self, views: dict[str, RequestView], now: float) -> None:
+        waiting = {r.request_id: r for r in self.waiting}
+        order = self.leap_policy.order([views[i] for i in waiting], now)
+        self.waiting.clear()
+        self.waiting.extend(waiting[i] for i in order)
+        running = {r.request_id: r for r in self.running}
+        order = self.leap_policy.order([views[i] for i in running], now)
+        if order:
+            # vLLM's FCFS preemption victim is running[-1]
+            victim = self.leap_policy.choose_victim([views[i] for i in running], now)
+            order.remove(victim)
+            order.append(victim)
+        self.running[:] = [running[i] for i in order]
+
+    def _leap_admit_shorter(self, views: dict[str, RequestView], now: float) -> None:
+        """Preempt the longest predicted runner for a clearly shorter waiting request (SRPT)."""
+        config = self.leap.config
+        prior = self.leap.typical_tokens  # expected length of a request not prefilled yet
+        if (
+            not config.preempt
+            or prior is None
+            or not self.waiting
+            or len(self.running) < self.max_num_running_reqs
+        ):
+            return
+        best_wait = min(
+            self.leap_policy.remaining(views[r.request_id]) or prior for r in self.waiting
+        )
+        candidates = [r for r in self.running if self._leap_preemptible(r, views[r.request_id])]
+        if not candidates:
+            return
+        worst = max(candidates, key=lambda r: self.leap_policy.remaining(views[r.request_id]))
+        if self.leap_policy.remaining(views[worst.request_id]) <= best_wait * (
+            1 + config.preempt_margin
+        ):
+            return
+        self.running.remove(worst)
+        self._preempt_request(worst, now)
+        self.leap.counters.inc("preemptions")
+
+    def _leap_preemptible(self, request, view: RequestView) -> bool:
+        # decoding requests with a prediction, not aged, not bounced too often
+        return (
+            request.status == RequestStatus.RUNNING
+            and request.num_output_tokens > 0
+            and not request.is_prefill_chunk
+            and request.num_preemptions < self.leap.config.max_preemptions
+            and view.predicted_total is not None
+            and not self.leap_policy.is_aged(view, time.time())
+        )
+
+
+class LeapScheduler(LeapSchedulerMixin, Scheduler):
+    """LEAP over vLLM's synchronous scheduler (CPU platform, async scheduling off)."""
+
+
+class LeapAsyncScheduler(LeapSchedulerMixin, AsyncScheduler):
+    """LEAP over vLLM's asynchronous scheduler (GPU default)."""
+
+
+def make_scheduler(*args, **kwargs):
+    """``--scheduler-cls`` factory: the variant matching vLLM's async-scheduling setting."""
+    vllm_config = kwargs.get("vllm_config") or args[0]
+    async_scheduling = vllm_config.scheduler_config.async_scheduling
+    return (LeapAsyncScheduler if async_scheduling else LeapScheduler)(*args, **kwargs)
