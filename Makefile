@@ -55,7 +55,9 @@ demo: assets
 	$(PY) -m vllm_ext.demo
 
 bench: assets
+	$(PIP) install -q $(PIP_ARGS) -e ".[bench]"
 	$(PY) -m benchmarks.fcfs_sharegpt
+	$(PY) -m benchmarks.leap
 
 lint: install
 	$(PY) -m ruff check vllm_ext patches tests benchmarks

@@ -11,7 +11,10 @@ behind ``--max-num-seqs``. Two variants on the same requests:
 Headline: mean per-token latency at the highest rate, ours / vLLM; the target
 is no overhead (ratio ≤ 1.03) when no system is enabled.
 
-Run: ``python -m benchmarks.fcfs_sharegpt`` (``make bench``), ~4 min on 2 cores.
+Each variant runs ``--repeats`` times in A B B A order; every reported number is
+the median over repeats (2-core machines drift by several percent between runs).
+
+Run: ``python -m benchmarks.fcfs_sharegpt`` (``make bench``), ~8 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from vllm_ext.bench import (
     GpuPowerSampler,
     collect_fingerprint,
     make_headline,
+    median_metrics,
     run_trace_sync,
     summarize,
     write_result,
@@ -56,13 +60,22 @@ def _serve(model: Path, variant: dict, log: Path) -> VllmServer:
     )
 
 
-def run(rates: list[float], n_requests: int, max_tokens: int, out_dir: str) -> BenchResult:
+def _repeat_order(names: list[str], repeats: int) -> list[str]:
+    """A B, B A, A B, ...: a drift in machine speed hits both variants alike."""
+    return [n for r in range(repeats) for n in (names if r % 2 == 0 else names[::-1])]
+
+
+def run(
+    rates: list[float], n_requests: int, max_tokens: int, out_dir: str, repeats: int = 2
+) -> BenchResult:
     model = model_path("smollm2")
-    series: dict[str, list[dict]] = {}
+    runs: dict[str, dict[float, list[dict]]] = {}
     power: dict[str, dict] = {}
     logs = Path(tempfile.mkdtemp(prefix="bench-fcfs-"))
-    for name, variant in _variants().items():
-        with _serve(model, variant, logs / f"{name}.log") as server, GpuPowerSampler() as sampler:
+    variants = _variants()
+    for i, name in enumerate(_repeat_order(list(variants), repeats)):
+        log = logs / f"{name}-{i}.log"
+        with _serve(model, variants[name], log) as server, GpuPowerSampler() as sampler:
             for rate in rates:
                 requests = sharegpt_requests(
                     n_requests, rate=rate, seed=0, max_tokens=max_tokens, tokenizer=model
@@ -70,8 +83,13 @@ def run(rates: list[float], n_requests: int, max_tokens: int, out_dir: str) -> B
                 records = run_trace_sync(
                     server.base_url, "smollm2", requests, desc=f"{name} rate={rate:g}"
                 )
-                series.setdefault(name, []).append({"request_rate": rate, **summarize(records)})
-        power[name] = sampler.summary()
+                runs.setdefault(name, {}).setdefault(rate, []).append(summarize(records))
+        power[f"{name}-{i}"] = sampler.summary()
+    # per point: the median over repeats of each metric
+    series = {
+        name: [{"request_rate": rate, **median_metrics(points)} for rate, points in by_rate.items()]
+        for name, by_rate in runs.items()
+    }
     top = {name: points[-1] for name, points in series.items()}
     result = BenchResult(
         name=NAME,
@@ -97,6 +115,8 @@ def run(rates: list[float], n_requests: int, max_tokens: int, out_dir: str) -> B
             "rates": rates,
             "serve_args": list(CPU_SERVE_ARGS),
             "scheduling": "FCFS (vLLM default)",
+            "repeats": repeats,
+            "repeat_order": _repeat_order(list(variants), repeats),
         },
     )
     write_result(result, out_dir)
@@ -108,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="1,4,inf", help="Poisson rates, req/s ('inf' = burst)")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per variant, ABBA order")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     rates = sorted(float(r) for r in args.rates.split(","))
-    result = run(rates, args.requests, args.max_tokens, args.out)
+    result = run(rates, args.requests, args.max_tokens, args.out, args.repeats)
     h = result.headline
     sys.stdout.write(
         f"{h['metric']}: ours {h['ours']:.4f} vs {h['baseline_name']} "

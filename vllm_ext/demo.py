@@ -3,12 +3,14 @@
 Starts ``vllm-ext serve`` (so the launcher, the plugins and vLLM's server all
 run for real), sends ShareGPT first turns through the OpenAI client with a
 progress bar, then prints requests, TTFT/TPOT percentiles and every
-``vllm_ext:`` counter from ``/metrics``.
+``vllm_ext:`` counter from ``/metrics``. Systems that need settings get them
+from assets (LEAP: the ``leap-smollm2`` calibrated weights).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -27,12 +29,18 @@ def _fmt_ms(seconds: float | None) -> str:
 
 
 def extension_counters(metrics_text: str) -> dict[str, float]:
-    """``vllm_ext:*`` samples from a Prometheus text page, summed over labels."""
+    """``vllm_ext:*`` samples from a Prometheus text page, summed over labels.
+
+    prometheus_client adds a ``<name>_created`` sample (a Unix timestamp) beside
+    every counter; it is not a count, so it is left out.
+    """
     totals: dict[str, float] = {}
     for match in re.finditer(
         r"^(vllm_ext:[a-z0-9_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", metrics_text, re.MULTILINE
     ):
-        totals[match.group(1)] = totals.get(match.group(1), 0.0) + float(match.group(2))
+        name = match.group(1)
+        if not name.endswith("_created"):
+            totals[name] = totals.get(name, 0.0) + float(match.group(2))
     return totals
 
 
@@ -53,6 +61,20 @@ def summary_lines(summary: dict, counters: dict[str, float], plugins: list[str])
         "    (none: no system is enabled)"
     ]
     return lines
+
+
+def system_args(plugins: list[str]) -> list[str]:
+    """``vllm serve`` arguments the demo's systems need beyond ``--plugins``.
+
+    vLLM has one ``--additional-config``; each system reads its own key of it.
+    """
+    additional: dict[str, dict] = {}
+    if "leap" in plugins:
+        from vllm_ext.assets.leap_weights import weights_path
+
+        # without weights LEAP predicts nothing and the schedule stays FCFS
+        additional["leap"] = {"weights_path": str(weights_path())}
+    return ["--additional-config", json.dumps(additional)] if additional else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     requests = sharegpt_requests(args.requests, rate=args.rate, seed=0, max_tokens=args.max_tokens)
     plugins = [p for p in args.plugins.split(",") if p]
     serve_args = [*CPU_SERVE_ARGS, "--served-model-name", "smollm2", "--plugins", ",".join(plugins)]
+    serve_args += system_args(plugins)
     log = Path(tempfile.gettempdir()) / "vllm-ext-demo-serve.log"
     _emit(f"Starting vllm-ext serve (log: {log}) ...")
     with VllmServer(str(model), serve_args, launcher="vllm-ext", log_path=log) as server:

@@ -26,6 +26,9 @@ class SystemLaunch:
 
     ``allowlist`` names plugins that load only when listed in ``VLLM_PLUGINS``
     (vLLM's ``vllm.endpoint_plugins``); general plugins load by default.
+    ``flags`` are vLLM options the system needs (``("--load-format", "leap")``);
+    a user value for the same option that differs is an error, with
+    ``flag_reasons[option]`` saying why the system needs its value.
     """
 
     name: str
@@ -34,6 +37,7 @@ class SystemLaunch:
     kv_connector: Mapping | None = None
     flags: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    flag_reasons: Mapping[str, str] = field(default_factory=dict)
 
 
 # Systems join this table as they land (their issue adds the entry).
@@ -46,6 +50,11 @@ SYSTEMS: dict[str, SystemLaunch] = {
             "kv_connector_module_path": "vllm_ext.leap.connector",
         },
         flags=("--load-format", "leap"),
+        flag_reasons={
+            "--load-format": "LEAP needs --load-format leap: its loader wraps vLLM's default "
+            "loader (weights load as with 'auto') to install the length probe before "
+            "compilation",
+        },
         # the probe maps batch rows to requests through the V1 model runner
         env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
     ),
@@ -99,23 +108,82 @@ def compose(
     if connectors:
         args += ["--kv-transfer-config", json.dumps(_one_connector(connectors), sort_keys=True)]
     for system in chosen:
-        args += [flag for flag in system.flags if flag not in args]
+        args += _system_flags(system, args)
     env = _compose_env(chosen, environ, general_plugins)
     return LaunchPlan(("vllm", "serve", model, *args), env)
 
 
+def _option_name(arg: str) -> str | None:
+    """``--load_format=x`` → ``--load-format``; None for a value (vLLM accepts ``_`` for ``-``)."""
+    if not arg.startswith("--"):
+        return None
+    return arg.split("=", 1)[0].replace("_", "-")
+
+
 def _pop_flag(args: list[str], flag: str) -> str | None:
     for i, arg in enumerate(args):
-        if arg == flag:
-            if i + 1 >= len(args):
-                raise LaunchError(f"{flag} needs a value")
-            value = args[i + 1]
-            del args[i : i + 2]
-            return value
-        if arg.startswith(flag + "="):
+        if _option_name(arg) != flag:
+            continue
+        if "=" in arg:
             del args[i]
             return arg.split("=", 1)[1]
+        if i + 1 >= len(args):
+            raise LaunchError(f"{flag} needs a value")
+        value = args[i + 1]
+        del args[i : i + 2]
+        return value
     return None
+
+
+def _user_values(args: Sequence[str], flag: str) -> list[str | None]:
+    """Values the user gave ``flag`` (None for a bare switch), in order."""
+    values: list[str | None] = []
+    for i, arg in enumerate(args):
+        if _option_name(arg) != flag:
+            continue
+        if "=" in arg:
+            values.append(arg.split("=", 1)[1])
+        elif i + 1 < len(args) and _option_name(args[i + 1]) is None:
+            values.append(args[i + 1])
+        else:
+            values.append(None)
+    return values
+
+
+def _split_options(flags: Sequence[str]) -> list[tuple[str, str | None]]:
+    """``("--a", "1", "--b")`` → ``[("--a", "1"), ("--b", None)]``."""
+    options: list[tuple[str, str | None]] = []
+    for flag in flags:
+        if _option_name(flag) is None:
+            if not options or options[-1][1] is not None:
+                raise LaunchError(f"malformed system flags {tuple(flags)!r}")
+            options[-1] = (options[-1][0], flag)
+        else:
+            options.append((flag, None))
+    return options
+
+
+def _system_flags(system: SystemLaunch, args: Sequence[str]) -> list[str]:
+    """The system's flags the user did not already pass; a conflicting user value raises.
+
+    Compared per option, not per word: appending only the missing words of
+    ``--load-format leap`` to a user's ``--load-format auto`` would leave a
+    dangling ``leap`` argument (or silently let the user's value win).
+    """
+    added: list[str] = []
+    for flag, value in _split_options(system.flags):
+        given = _user_values(args, flag)
+        negated = value is None and _user_values(args, "--no-" + flag[2:])
+        if not given and not negated:
+            added += [flag] if value is None else [flag, value]
+            continue
+        if negated or any(v != value for v in given):
+            shown = [flag if v is None else f"{flag} {v}" for v in given]
+            shown += [f"--no-{flag[2:]}"] if negated else []
+            want = flag if value is None else f"{flag} {value}"
+            reason = system.flag_reasons.get(flag, f"plugin {system.name} needs {want}")
+            raise LaunchError(f"{reason}; you passed {' '.join(shown)}")
+    return added
 
 
 def _scheduler_flags(chosen: Sequence[SystemLaunch], args: Sequence[str]) -> list[str]:
@@ -124,7 +192,7 @@ def _scheduler_flags(chosen: Sequence[SystemLaunch], args: Sequence[str]) -> lis
         return []
     if len(wanted) > 1:
         raise LaunchError(f"plugins {', '.join(s.name for s in wanted)} each replace the scheduler")
-    if any(a == "--scheduler-cls" or a.startswith("--scheduler-cls=") for a in args):
+    if any(_option_name(a) == "--scheduler-cls" for a in args):
         raise LaunchError(f"plugin {wanted[0].name} sets --scheduler-cls; do not pass it as well")
     return ["--scheduler-cls", wanted[0].scheduler_cls]
 

@@ -103,3 +103,6 @@ def test_config_table_lists_every_field_with_env_var_and_doc():
     table = config_table(DemoConfig, "demo")
     assert "| `layer` | `int` | `12` | `VLLM_EXT_DEMO_LAYER` | decoder layer to probe |" in table
     assert table.count("\n") == 2 + 5
+    # choices shown; "|" escaped so GitHub does not split the cell
+    assert "| `pooling` | `Literal['last', 'mean']` |" in table
+    assert "| `path` | `str \\| None` | `None` |" in table

@@ -119,3 +119,44 @@ def test_cli_dry_run_prints_equivalent_command_and_rejects_unknown():
         text=True,
     )
     assert bad.returncode == 2 and "unknown plugin(s) nope; valid plugins:" in bad.stderr
+
+
+def test_system_flag_is_added_once_and_a_matching_user_value_is_kept():
+    plan = compose("m", ["leap"], [], {}, GENERAL)
+    argv = list(plan.argv)
+    assert argv[argv.index("--load-format") + 1] == "leap"
+    for given in (["--load-format", "leap"], ["--load-format=leap"], ["--load_format", "leap"]):
+        argv = compose("m", ["leap"], given, {}, GENERAL).argv
+        # the user's spelling stays, nothing is appended (no dangling "leap")
+        assert [a for a in argv if a == "leap" or "load" in a] == given
+
+
+@pytest.mark.parametrize(
+    "given", [["--load-format", "auto"], ["--load-format=safetensors"], ["--load_format", "dummy"]]
+)
+def test_leap_rejects_another_load_format_and_says_why(given):
+    with pytest.raises(LaunchError, match="LEAP needs --load-format leap.*default loader"):
+        compose("m", ["leap"], given, {}, GENERAL)
+
+
+def test_conflicting_switch_or_value_of_a_system_flag_is_an_error():
+    with pytest.raises(LaunchError, match="plugin store needs --enable-prefix-caching"):
+        compose("m", ["store"], ["--no-enable-prefix-caching"], {}, GENERAL, SYSTEMS)
+    valued = SystemLaunch("v", flags=("--block-size", "16"))
+    with pytest.raises(LaunchError, match="needs --block-size 16; you passed --block-size 32"):
+        compose("m", ["v"], ["--block-size", "32"], {}, GENERAL, {"v": valued})
+    plan = compose("m", ["store"], ["--enable-prefix-caching"], {}, GENERAL, SYSTEMS)
+    assert plan.argv.count("--enable-prefix-caching") == 1
+
+
+def test_cli_dry_run_for_leap_prints_everything_leap_needs():
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_ext.cli", "serve", "m", "--plugins", "leap", "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "--scheduler-cls vllm_ext.leap.scheduler.make_scheduler" in out
+    assert "--load-format leap" in out
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in out
+    assert '"kv_connector": "LeapConnector"' in out

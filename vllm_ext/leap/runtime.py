@@ -48,6 +48,7 @@ class _Entry:
     prediction: Prediction | None = None
     prefill_done_at: float | None = None
     failed: bool = False
+    hinted: bool = False  # the prediction came from the client and outranks the probe
 
 
 class LeapRuntime:
@@ -116,7 +117,8 @@ class LeapRuntime:
         entry = self._entries.setdefault(req_id, _Entry())
         entry.prefill_done_at = entry.prefill_done_at or self.clock()
         entry.features = np.asarray(vector, dtype=np.float64)
-        if self.model is None:
+        # features are still kept for RLS: the true length teaches the head either way
+        if self.model is None or entry.hinted:
             return
         try:
             prediction = self.model.predict(entry.features, max_len=self.config.max_len)
@@ -182,6 +184,7 @@ class LeapRuntime:
             return None
         total = min(total, float(self.config.max_len))
         entry.prediction = Prediction(log_mean=math.log1p(total), log_std=0.0, total_tokens=total)
+        entry.hinted = True
         self.counters.inc("predictions")
         return entry.prediction
 

@@ -1,0 +1,1 @@
+"""LEAP benchmark: ``python -m benchmarks.leap`` (see __main__.py)."""

@@ -1,0 +1,295 @@
+"""LEAP vs the length predictors it claims to beat, on the same requests, in one run.
+
+SmolLM2-135M-Instruct serves ShareGPT first turns through ``vllm serve`` with
+``--max-num-seqs 4`` (so requests queue) at several Poisson rates. Labels are
+SmolLM2's own greedy output lengths (cap ``--max-tokens``). Variants, all but
+FCFS through the same LeapScheduler (only the source of predictions differs):
+
+- ``fcfs``: vLLM's default scheduler;
+- ``prompt_sf``: shortest prompt first (prompt tokens as the length hint);
+- ``encoder``: MiniLM sentence embedding + linear head on the same calibration
+  set (the separate-encoder class of S3/SSJF), predictions sent as hints;
+- ``leap_static``: LEAP's probe + calibrated head, no online correction;
+- ``leap``: LEAP with online RLS;
+- ``oracle``: true lengths as hints (upper bound).
+
+Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
+predictor CPU cost, and a drift replay (calibrated on ShareGPT, served
+HumanEval + BFCL prompts) of the static head vs RLS.
+
+Run: ``python -m benchmarks.leap`` (~15 min on 2 cores); ``--quick`` for a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.leap import drift, encoder
+from vllm_ext.assets import model_path
+from vllm_ext.bench import (
+    BenchResult,
+    GpuPowerSampler,
+    collect_fingerprint,
+    make_headline,
+    run_trace_sync,
+    summarize,
+    write_result,
+)
+from vllm_ext.bench.loadgen import Request, poisson_arrivals
+from vllm_ext.leap.calibrate import choose_alpha, load_prompts
+from vllm_ext.leap.predictor import LinearLengthModel
+from vllm_ext.leap.quality import summarize_predictions
+from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
+
+NAME = "leap_sharegpt"
+METRIC = "mean_per_token_latency_s"
+BASELINES = ("fcfs", "prompt_sf", "encoder")
+HINT = "leap_predicted_tokens"
+
+
+def _record_in_subprocess(model: Path, prompts: list[str], args, out: Path) -> dict:
+    """Probe vectors and greedy lengths of ``prompts`` from a real engine (own process)."""
+    (out.parent / "prompts.json").write_text(json.dumps(prompts))
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.leap.record",
+        str(model),
+        str(out.parent / "prompts.json"),
+        str(out),
+        str(args.max_tokens),
+        json.dumps({"layer": args.layer, "pooling": args.pooling}),
+    ]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    subprocess.run(cmd, check=True, env=env)
+    data = np.load(out)
+    return {"X": data["X"], "y": data["y"]}
+
+
+def _prompt_tokens(model: Path, prompts: list[str]) -> np.ndarray:
+    """Prompt lengths in tokens, chat template included (what the server prefills)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+        )
+        for p in prompts
+    ]
+    return np.asarray([len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts], float)
+
+
+def _predictor_cost(model: LinearLengthModel, X: np.ndarray, y: np.ndarray) -> dict:
+    """CPU seconds per request of LEAP's head: one predict + one RLS update."""
+    trial = model
+    start = time.perf_counter()
+    for x in X:
+        trial.predict(x)
+    predict_s = (time.perf_counter() - start) / len(X)
+    start = time.perf_counter()
+    for x, length in zip(X, y, strict=True):
+        trial.rls_update(x, length, 0.999)
+    return {"predict_s": predict_s, "rls_update_s": (time.perf_counter() - start) / len(X)}
+
+
+def _variants(weights: Path, hints: dict[str, np.ndarray]) -> dict[str, dict]:
+    leap_static = {"leap": {"weights_path": str(weights), "online_rls": False}}
+    leap_online = {"leap": {"weights_path": str(weights), "online_rls": True}}
+    return {
+        "fcfs": {"launcher": "vllm", "args": []},
+        "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"]},
+        "encoder": {"plugins": True, "hints": hints["encoder"]},
+        "leap_static": {"plugins": True, "config": leap_static},
+        "leap": {"plugins": True, "config": leap_online},
+        "oracle": {"plugins": True, "hints": hints["oracle"]},
+    }
+
+
+def _serve(model: Path, spec: dict, log: Path) -> VllmServer:
+    args = [*CPU_SERVE_ARGS, "--max-num-seqs", "4", "--served-model-name", "smollm2"]
+    if not spec.get("plugins"):
+        return VllmServer(str(model), args, launcher="vllm", log_path=log)
+    args += ["--plugins", "leap"]
+    if spec.get("config"):
+        args += ["--additional-config", json.dumps(spec["config"])]
+    return VllmServer(str(model), args, launcher="vllm-ext", log_path=log)
+
+
+def _requests(prompts, hints, rate, max_tokens, seed=1) -> list[Request]:
+    arrivals = poisson_arrivals(len(prompts), rate, seed=seed)
+    out = []
+    for i, (prompt, t) in enumerate(zip(prompts, arrivals, strict=True)):
+        extra = {"vllm_xargs": {HINT: float(hints[i])}} if hints is not None else {}
+        out.append(
+            Request(
+                id=f"t{i}",
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=max_tokens,
+                arrival_s=t,
+                extra_body=extra,
+            )
+        )
+    return out
+
+
+def _leap_counters(server: VllmServer) -> dict[str, float]:
+    from vllm_ext.demo import extension_counters
+
+    return {k.split(":", 1)[1]: v for k, v in extension_counters(server.get("/metrics")).items()}
+
+
+def serve_all(model, variants, prompts, rates, max_tokens, logs) -> tuple[dict, dict, dict]:
+    series, counters, power = {}, {}, {}
+    for name, spec in variants.items():
+        with _serve(model, spec, logs / f"{name}.log") as server, GpuPowerSampler() as sampler:
+            for rate in rates:
+                reqs = _requests(prompts, spec.get("hints"), rate, max_tokens)
+                records = run_trace_sync(
+                    server.base_url, "smollm2", reqs, desc=f"{name} rate={rate:g}"
+                )
+                point = {"request_rate": rate, **summarize(records)}
+                point["output_tokens_mean"] = float(np.mean([r.output_tokens for r in records]))
+                series.setdefault(name, []).append(point)
+            counters[name] = _leap_counters(server)
+        power[name] = sampler.summary()
+    return series, counters, power
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calibration", type=int, default=192)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--drift", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=192)
+    parser.add_argument("--rates", default="2,inf")
+    parser.add_argument("--layer", type=int, default=None)
+    parser.add_argument("--pooling", default="last")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.calibration, args.requests, args.drift, args.max_tokens = 32, 8, 8, 32
+    rates = sorted(float(r) for r in args.rates.split(","))
+    model = model_path("smollm2")
+    work = Path(tempfile.mkdtemp(prefix="bench-leap-"))
+
+    cal = load_prompts("sharegpt", args.calibration, seed=0)
+    test = load_prompts("sharegpt", args.requests, seed=0, offset=args.calibration)
+    shift = load_prompts("humaneval", args.drift // 2, seed=0) + load_prompts(
+        "bfcl", args.drift - args.drift // 2, seed=0
+    )
+    rec = _record_in_subprocess(model, cal + test + shift, args, work / "record.npz")
+    n_cal, n_test = len(cal), len(test)
+    X_cal, y_cal = rec["X"][:n_cal], rec["y"][:n_cal]
+    X_test, y_test = rec["X"][n_cal : n_cal + n_test], rec["y"][n_cal : n_cal + n_test]
+    X_drift, y_drift = rec["X"][n_cal + n_test :], rec["y"][n_cal + n_test :]
+
+    # both heads: the same ridge fit with the penalty chosen by 4-fold CV on calibration data
+    leap_alpha = choose_alpha(X_cal, y_cal)
+    leap_model = LinearLengthModel.fit_ridge(X_cal, y_cal, alpha=leap_alpha)
+    weights = work / "leap_weights.npz"
+    leap_model.save(weights)
+    E_cal, _ = encoder.embed(cal)
+    E_test, encoder_s = encoder.embed(test)
+    encoder_alpha = choose_alpha(E_cal, y_cal)
+    enc_model = LinearLengthModel.fit_ridge(E_cal, y_cal, alpha=encoder_alpha)
+    hints = {
+        "prompt_sf": _prompt_tokens(model, test),
+        "encoder": enc_model.predict_batch(E_test).total_tokens,
+        "oracle": y_test,
+    }
+    quality = {
+        "leap_static": summarize_predictions(leap_model.predict_batch(X_test).total_tokens, y_test),
+        "encoder": summarize_predictions(hints["encoder"], y_test),
+        "prompt_sf": summarize_predictions(hints["prompt_sf"], y_test),
+    }
+    cost = {
+        **_predictor_cost(LinearLengthModel.load(weights), X_test, y_test),
+        "encoder_s_per_request": encoder_s,
+    }
+    drift_result = drift.summarize(
+        drift.replay(LinearLengthModel.load(weights), X_drift, y_drift, 0.999, 8192)
+    )
+
+    series, counters, power = serve_all(
+        model, _variants(weights, hints), test, rates, args.max_tokens, work
+    )
+    result = _result(args, rates, series, counters, power, quality, cost, drift_result)
+    write_result(result, args.out)
+    h = result.headline
+    sys.stdout.write(
+        f"{h['metric']}: leap {h['ours']:.4f} vs {h['baseline_name']} "
+        f"{h['baseline']:.4f} (ratio {h['ratio']:.3f}); target {h['target']}\n"
+    )
+    return 0
+
+
+def _result(args, rates, series, counters, power, quality, cost, drift_result) -> BenchResult:
+    top = {name: dict(points[-1]) for name, points in series.items()}
+    for name, metrics in top.items():
+        metrics.update(
+            {
+                f"pred_{k}": v
+                for k, v in quality.get(name, {}).items()
+                if isinstance(v, (int, float))
+            }
+        )
+    online = counters.get("leap", {})
+    if online.get("leap_rls_updates_total"):
+        top["leap"]["pred_online_mae_log"] = (
+            online["leap_abs_log_error_sum_total"] / online["leap_rls_updates_total"]
+        )
+    best = min(BASELINES, key=lambda n: top[n][METRIC])
+    # the head runs once per request (predict after prefill, RLS at finish);
+    # compare it with the decode time the same request costs the engine
+    per_request = cost["predict_s"] + cost["rls_update_s"]
+    decode_s = top["leap"]["tpot_p50_s"] * top["leap"]["output_tokens_mean"]
+    cost["leap_share_of_step_time"] = per_request / decode_s
+    cost["encoder_share_of_step_time"] = cost["encoder_s_per_request"] / decode_s
+    return BenchResult(
+        name=NAME,
+        description=__doc__.split("\n\n")[0],
+        variants=top,
+        headline=make_headline(
+            METRIC,
+            top["leap"][METRIC],
+            top[best][METRIC],
+            best,
+            higher_is_better=False,
+            target="ratio <= 0.75 vs best non-oracle baseline; within 15% "
+            "of oracle; predictor < 1% of step time",
+        ),
+        fingerprint=collect_fingerprint(),
+        power=power,
+        series=series,
+        sweep_axis="request_rate",
+        plot_metric=METRIC,
+        config={
+            "model": "SmolLM2-135M-Instruct (bf16)",
+            "max_num_seqs": 4,
+            "rates": rates,
+            "calibration_prompts": args.calibration,
+            "test_requests": args.requests,
+            "max_tokens": args.max_tokens,
+            "layer": args.layer,
+            "pooling": args.pooling,
+            "predictor_cost": cost,
+            "drift": drift_result,
+            "counters": counters,
+            "oracle_ratio_leap": top["leap"][METRIC] / top["oracle"][METRIC],
+        },
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Subprocess of the LEAP benchmark: probe vectors + greedy lengths for a prompt list.
+
+``python -m benchmarks.leap.record MODEL PROMPTS.json OUT.npz MAX_TOKENS LEAP_JSON``; runs
+in its own process so the in-process engine's thread binding stays out of the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from vllm_ext.leap.calibrate import record
+
+
+def main() -> int:
+    model, prompts_path, out, max_tokens, leap = sys.argv[1:6]
+    prompts = json.loads(open(prompts_path).read())
+    X, y = record(model, prompts, json.loads(leap), int(max_tokens), 0.0)
+    if len(y) != len(prompts):
+        raise RuntimeError(f"{len(prompts) - len(y)} prompts came back without a probe vector")
+    np.savez(out, X=X, y=y)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""LeapRuntime: probe vectors in, predictions out, RLS on finish — without vLLM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_ext.common.counters import Counters
+from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.predictor import LinearLengthModel
+from vllm_ext.leap.runtime import COUNTERS, LeapRuntime
+
+DIM = 8
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def weights(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, DIM))
+    y = np.expm1(3.0 + X[:, 0])  # length grows with feature 0
+    path = tmp_path / "w.npz"
+    LinearLengthModel.fit_ridge(X, y).save(path)
+    return path
+
+
+def _runtime(weights=None, clock=None, **config):
+    cfg = LeapConfig(weights_path=str(weights) if weights else None, **config)
+    return LeapRuntime(cfg, Counters("leap", COUNTERS), clock=clock or Clock(), hidden_size=DIM)
+
+
+def _vec(first: float) -> list[float]:
+    return [first] + [0.0] * (DIM - 1)
+
+
+def test_probe_vector_becomes_a_prediction_that_orders_by_length(weights):
+    rt = _runtime(weights)
+    rt.on_probe("short", _vec(-1.0))
+    rt.on_probe("long", _vec(1.5))
+    assert rt.prediction("short").total_tokens < rt.prediction("long").total_tokens
+    assert rt.counters.value("predictions") == 2
+
+
+def test_no_model_means_no_predictions_but_features_are_kept_for_calibration(tmp_path):
+    rt = _runtime(return_probe=True)
+    rt.on_probe("r", _vec(0.5))
+    assert rt.prediction("r") is None and not rt.active
+    info = rt.on_finished("r", 10, stopped=True, length_capped=False)
+    assert info["probe"] == _vec(0.5) and info["predicted_tokens"] is None
+
+
+def test_client_hint_outranks_the_probe_even_after_the_vector_arrives(weights):
+    rt = _runtime(weights)
+    assert rt.prediction("r", hint=40).total_tokens == 40
+    rt.on_probe("r", _vec(1.5))
+    assert rt.prediction("r").total_tokens == 40
+    assert rt.counters.value("predictions") == 1
+
+
+@pytest.mark.parametrize("hint", ["many", -3, 0, float("nan")])
+def test_bad_hint_is_a_counted_fallback(weights, hint):
+    rt = _runtime(weights)
+    assert rt.prediction("r", hint=hint) is None
+    assert rt.counters.value("fallbacks") == 1
+
+
+def test_missing_vector_times_out_to_a_fallback_once(weights):
+    clock = Clock()
+    rt = _runtime(weights, clock=clock, prediction_timeout_s=1.0)
+    rt.on_scheduled_prefill_done("r")
+    clock.now = 0.5
+    assert rt.prediction("r") is None and rt.counters.value("fallbacks") == 0
+    clock.now = 2.0
+    assert rt.prediction("r") is None and rt.prediction("r") is None
+    assert rt.counters.value("fallbacks") == 1
+
+
+def test_rls_learns_from_stopped_and_under_predicted_capped_requests_only(weights):
+    rt = _runtime(weights)
+    for rid in ("stopped", "capped_low", "capped_high", "aborted"):
+        rt.on_probe(rid, _vec(0.0))
+    predicted = rt.prediction("stopped").total_tokens
+    rt.on_finished("stopped", 30, stopped=True, length_capped=False)
+    rt.on_finished("capped_low", int(predicted) + 50, stopped=False, length_capped=True)
+    rt.on_finished("capped_high", max(1, int(predicted) - 5), stopped=False, length_capped=True)
+    rt.on_finished("aborted", 3, stopped=False, length_capped=False)
+    assert rt.counters.value("rls_updates") == 2
+    assert rt.counters.value("rls_skipped") == 2
+    assert rt.num_live() == 0
+
+
+def test_checkpoint_is_written_and_wins_over_weights_on_restart(weights, tmp_path):
+    ckpt = tmp_path / "ckpt.npz"
+    rt = _runtime(weights, checkpoint_path=str(ckpt), checkpoint_every=2)
+    for i in range(4):
+        rt.on_probe(f"r{i}", _vec(0.1 * i))
+        rt.on_finished(f"r{i}", 50, stopped=True, length_capped=False)
+    assert rt.counters.value("checkpoints") == 2
+    restarted = _runtime(weights, checkpoint_path=str(ckpt))
+    assert restarted.model.n_updates == 4
+    np.testing.assert_array_equal(restarted.model.w, rt.model.w)
+
+
+def test_typical_tokens_comes_from_the_bias_or_from_finished_lengths(weights):
+    assert _runtime(weights).typical_tokens == pytest.approx(np.expm1(3.0), rel=0.1)
+    rt = _runtime()
+    assert rt.typical_tokens is None
+    for i, n in enumerate((10, 1000)):
+        rt.on_finished(f"r{i}", n, stopped=True, length_capped=False)
+    assert rt.typical_tokens == pytest.approx(np.expm1((np.log1p(10) + np.log1p(1000)) / 2))
