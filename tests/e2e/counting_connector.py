@@ -14,6 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from vllm_ext.common.connector import NoKVTransfer
 from vllm_ext.common.counters import CounterSpec
 from vllm_ext.common.prom import PublishesCounters
 
@@ -22,7 +23,7 @@ class CountingMetadata(KVConnectorMetadata):
     pass
 
 
-class CountingConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
+class CountingConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, SupportsHMA):
     COUNTER_SYSTEM = "testcount"
     COUNTER_SPECS = (
         CounterSpec("requests_finished", "requests finished (scheduler side)"),
@@ -34,12 +35,6 @@ class CountingConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.counters = self.make_counters()
 
     # scheduler side
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        return 0, False
-
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        pass
-
     def build_connector_meta(self, scheduler_output):
         return CountingMetadata()
 
@@ -47,18 +42,6 @@ class CountingConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.counters.inc("requests_finished")
         return False, None
 
-    def request_finished_all_groups(self, request, block_ids):
-        return self.request_finished(request, block_ids)
-
     # worker side
     def start_load_kv(self, forward_context, **kwargs):
         self.counters.inc("worker_steps")
-
-    def wait_for_layer_load(self, layer_name):
-        pass
-
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        pass
-
-    def wait_for_save(self):
-        pass

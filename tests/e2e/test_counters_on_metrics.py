@@ -7,12 +7,10 @@ The server is plain `vllm serve` with the connector passed by `--kv-transfer-con
 from __future__ import annotations
 
 import json
-import re
-import time
 
 import pytest
 
-from tests.e2e.conftest import SERVE_ARGS, server_env
+from tests.e2e.conftest import SERVE_ARGS, server_env, wait_for_metric
 from vllm_ext.assets import model_path
 from vllm_ext.serving import VllmServer
 
@@ -39,29 +37,17 @@ def server(tmp_path_factory):
         yield srv
 
 
-def _counter(text: str, name: str) -> float | None:
-    match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
-def _wait_for(server, name, predicate, timeout_s=30.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = _counter(server.get("/metrics"), name)
-        if (value is not None and predicate(value)) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
-
-
 def test_scheduler_and_worker_counters_are_exported(server):
     from openai import OpenAI
 
     client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
     for i in range(3):
         client.completions.create(model="tiny", prompt=f"count {i}", max_tokens=4, temperature=0)
-    finished = _wait_for(server, "vllm_ext:testcount_requests_finished_total", lambda v: v >= 3)
+    finished = wait_for_metric(
+        server, "vllm_ext:testcount_requests_finished_total", lambda v: v >= 3
+    )
     assert finished == 3.0
-    steps = _wait_for(server, "vllm_ext:testcount_worker_steps_total", lambda v: v >= 12)
+    steps = wait_for_metric(server, "vllm_ext:testcount_worker_steps_total", lambda v: v >= 12)
     assert steps is not None and steps >= 12  # ≥ 1 prefill + 3 decode steps per request
     help_text = server.get("/metrics")
     assert "# HELP vllm_ext:testcount_requests_finished_total requests finished" in help_text

@@ -8,13 +8,11 @@ vLLM's own processes (API server, EngineCore, worker).
 from __future__ import annotations
 
 import json
-import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.conftest import SERVE_ARGS, server_env
+from tests.e2e.conftest import SERVE_ARGS, metric_value, server_env, wait_for_metric
 from vllm_ext.assets import model_path
 from vllm_ext.assets.leap_weights import weights_path
 from vllm_ext.leap.runtime import HINT_KEY
@@ -45,21 +43,6 @@ def client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
-
-
-def _counter(text: str, name: str) -> float | None:
-    match = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+]+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
-
-
-def _wait_for(server, name, predicate, timeout_s=30.0):
-    # connector stats reach the API server's /metrics with the next stats push
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = _counter(server.get("/metrics"), name)
-        if (value is not None and predicate(value)) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.5)
 
 
 def test_chat_completion_answers_and_returns_the_prediction(client):
@@ -117,9 +100,9 @@ def test_a_length_hint_replaces_the_probe_prediction(client):
 
 def test_leap_counters_on_metrics(server, client):
     client.completions.create(model="smollm2", prompt="Hello", max_tokens=4, temperature=0)
-    predictions = _wait_for(server, "vllm_ext:leap_predictions_total", lambda v: v > 0)
+    predictions = wait_for_metric(server, "vllm_ext:leap_predictions_total", lambda v: v > 0)
     assert predictions is not None and predictions > 0
     # present (learning needs EOS-stopped or under-predicted capped requests)
     text = server.get("/metrics")
-    assert _counter(text, "vllm_ext:leap_rls_updates_total") is not None
+    assert metric_value(text, "vllm_ext:leap_rls_updates_total") is not None
     assert "# HELP vllm_ext:leap_predictions_total" in text

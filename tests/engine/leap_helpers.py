@@ -10,6 +10,20 @@ from vllm_ext.leap.calibrate import engine_kwargs
 from vllm_ext.leap.predictor import LinearLengthModel
 
 
+def hf_hidden_state(model: str, prompt: list[int], layer: int) -> np.ndarray:
+    """transformers' (fp32) residual stream after decoder ``layer`` at the last prompt token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vllm_ext.assets import model_path
+
+    hf = AutoModelForCausalLM.from_pretrained(model_path(model), dtype=torch.float32)
+    with torch.no_grad():
+        out = hf(torch.tensor([prompt]), output_hidden_states=True)
+    # hidden_states[0] is the embedding output; [l + 1] is decoder layer l's output
+    return out.hidden_states[layer + 1][0, -1].numpy()
+
+
 def leap_engine_kwargs(leap: dict | None = None, **overrides) -> dict:
     kwargs = engine_kwargs(leap or {}, kv_cache_bytes=128 << 20)
     kwargs.pop("max_model_len")

@@ -10,23 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tests.engine.leap_helpers import leap_engine_kwargs
+from tests.engine.leap_helpers import hf_hidden_state, leap_engine_kwargs
 from tests.helpers import engine
-from vllm_ext.assets import model_path
 
 MODEL = "tiny-llama"
 PROMPTS = [list(range(100, 140)), list(range(200, 290))]
-
-
-def _hf_last_hidden(prompt: list[int], layer: int) -> np.ndarray:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path(MODEL), dtype=torch.float32)
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), output_hidden_states=True)
-    # hidden_states[0] is the embedding output; [l + 1] is decoder layer l's output
-    return out.hidden_states[layer + 1][0, -1].numpy()
 
 
 def test_probe_fires_in_a_compiled_model():
@@ -40,4 +28,4 @@ def test_probe_fires_in_a_compiled_model():
     for prompt, out in zip(PROMPTS, outs, strict=True):
         probe = out.kv_transfer_params["leap"]["probe"]
         assert probe is not None, "no probe vector: the hook did not fire in the compiled graph"
-        np.testing.assert_allclose(probe, _hf_last_hidden(prompt, 0), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(probe, hf_hidden_state(MODEL, prompt, 0), rtol=1e-4, atol=1e-4)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.engine.leap_helpers import (
+    hf_hidden_state,
     leap_connector_of,
     leap_engine_kwargs,
     record_schedule,
@@ -21,7 +22,6 @@ from tests.engine.leap_helpers import (
     write_weights,
 )
 from tests.helpers import engine
-from vllm_ext.assets import model_path
 from vllm_ext.leap.runtime import HINT_KEY
 
 MODEL = "tiny-llama"
@@ -37,17 +37,6 @@ def _params(max_tokens=8, hint=None, ignore_eos=True):
     )
 
 
-def _hf_hidden(prompt: list[int], layer: int) -> np.ndarray:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path(MODEL), dtype=torch.float32)
-    with torch.no_grad():
-        out = model(torch.tensor([prompt]), output_hidden_states=True)
-    # hidden_states[0] is the embedding output; [l + 1] is decoder layer l's output
-    return out.hidden_states[layer + 1][0, -1].numpy()
-
-
 def test_probe_equals_transformers_hidden_state_with_chunks_and_cache_hits():
     leap = {"layer": 0, "return_probe": True}
     with engine(
@@ -58,7 +47,7 @@ def test_probe_equals_transformers_hidden_state_with_chunks_and_cache_hits():
     assert again.num_cached_tokens > 0  # second run hit the prefix cache
     for prompt, out in zip(PROMPTS, first, strict=True):
         probe = np.asarray(out.kv_transfer_params["leap"]["probe"])
-        np.testing.assert_allclose(probe, _hf_hidden(prompt, 0), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(probe, hf_hidden_state(MODEL, prompt, 0), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
         again.kv_transfer_params["leap"]["probe"],
         first[1].kv_transfer_params["leap"]["probe"],

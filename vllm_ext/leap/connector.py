@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.request import RequestStatus
 
+from vllm_ext.common.connector import NoKVTransfer
 from vllm_ext.common.prom import PublishesCounters
 from vllm_ext.leap import loader
 from vllm_ext.leap.runtime import COUNTERS, LeapRuntime
@@ -46,7 +47,7 @@ class LeapWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
 
-class LeapConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
+class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, SupportsHMA):
     COUNTER_SYSTEM = "leap"
     COUNTER_SPECS = COUNTERS
 
@@ -63,12 +64,6 @@ class LeapConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         )
 
     # ---- scheduler side
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        return 0, False
-
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        pass
-
     def build_connector_meta(self, scheduler_output):
         return LeapMetadata(finished_req_ids=frozenset(scheduler_output.finished_req_ids))
 
@@ -87,22 +82,7 @@ class LeapConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         )
         return False, {"leap": info}
 
-    def request_finished_all_groups(self, request, block_ids):
-        return self.request_finished(request, block_ids)
-
     # ---- worker side
-    def start_load_kv(self, forward_context, **kwargs):
-        pass
-
-    def wait_for_layer_load(self, layer_name):
-        pass
-
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        pass
-
-    def wait_for_save(self):
-        pass
-
     def build_connector_worker_meta(self):
         probe = loader.PROBE
         if probe is None:
