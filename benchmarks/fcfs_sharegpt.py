@@ -8,8 +8,11 @@ behind ``--max-num-seqs``. Two variants on the same requests:
 - ``vllm``: vLLM with vllm_ext's plugin excluded from ``VLLM_PLUGINS``;
 - ``vllm+vllm_ext``: ``vllm-ext serve`` with no system enabled.
 
-Headline: mean per-token latency at the highest rate, ours / vLLM; the target
-is no overhead (ratio ≤ 1.03) when no system is enabled.
+Headline: output throughput at the highest rate (a burst), ours / vLLM; the
+target is no overhead (ratio >= 0.97) when no system is enabled. Mean per-token
+latency is reported too, but at a burst it mostly measures the order in which
+simultaneous requests happen to reach the server (short ones stuck behind long
+ones), which varies from run to run: a poor overhead signal.
 
 Each variant runs ``--repeats`` times in A B B A order; every reported number is
 the median over repeats (2-core machines drift by several percent between runs).
@@ -41,7 +44,7 @@ from vllm_ext.bench.workloads import sharegpt_requests
 from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 
 NAME = "fcfs_sharegpt"
-HEADLINE_METRIC = "mean_per_token_latency_s"
+HEADLINE_METRIC = "output_throughput_tok_per_s"
 
 
 def _variants() -> dict[str, dict]:
@@ -100,14 +103,14 @@ def run(
             top["vllm+vllm_ext"][HEADLINE_METRIC],
             top["vllm"][HEADLINE_METRIC],
             "vllm",
-            higher_is_better=False,
-            target="ratio <= 1.03 (no overhead with no system enabled)",
+            higher_is_better=True,
+            target="ratio >= 0.97 (no overhead with no system enabled)",
         ),
         fingerprint=collect_fingerprint(),
         power=power,
         series=series,
         sweep_axis="request_rate",
-        plot_metric=HEADLINE_METRIC,
+        plot_metric="mean_per_token_latency_s",
         config={
             "model": "SmolLM2-135M-Instruct (bf16)",
             "requests_per_rate": n_requests,

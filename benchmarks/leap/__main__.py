@@ -11,6 +11,8 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
   set (the separate-encoder class of S3/SSJF), predictions sent as hints;
 - ``leap_static``: LEAP's probe + calibrated head, no online correction;
 - ``leap``: LEAP with online RLS;
+- ``leap_prompt_prior``: ablation, LEAP with prior ``prompt_length`` (requests not yet
+  prefilled are admitted shortest prompt first instead of in arrival order);
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -105,12 +107,15 @@ def _predictor_cost(model: LinearLengthModel, X: np.ndarray, y: np.ndarray) -> d
 def _variants(weights: Path, hints: dict[str, np.ndarray]) -> dict[str, dict]:
     leap_static = {"leap": {"weights_path": str(weights), "online_rls": False}}
     leap_online = {"leap": {"weights_path": str(weights), "online_rls": True}}
+    # ablation of the prior for requests not prefilled yet: shortest prompt first
+    leap_prompt_prior = {"leap": {**leap_online["leap"], "prior": "prompt_length"}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"]},
         "encoder": {"plugins": True, "hints": hints["encoder"]},
         "leap_static": {"plugins": True, "config": leap_static},
         "leap": {"plugins": True, "config": leap_online},
+        "leap_prompt_prior": {"plugins": True, "config": leap_prompt_prior},
         "oracle": {"plugins": True, "hints": hints["oracle"]},
     }
 

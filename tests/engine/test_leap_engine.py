@@ -104,6 +104,22 @@ def test_hints_serve_shortest_predicted_first():
     assert started == ["b", "d", "c", "a"]
 
 
+def _start_order(trace) -> list[str]:
+    started: list[str] = []
+    for step in trace:
+        started += [rid for rid, _ in step if rid not in started]
+    return started
+
+
+def test_prompt_length_prior_admits_shortest_prompt_first_before_any_prediction():
+    with engine(MODEL, **leap_engine_kwargs({"prior": "prompt_length"}, max_num_seqs=1)) as llm:
+        trace = record_schedule(llm)
+        for rid, n in (("p300", 300), ("p20", 20), ("p90", 90)):
+            llm.llm_engine.add_request(rid, {"prompt_token_ids": PROMPTS[1][:n]}, _params(4))
+        run_to_completion(llm)
+    assert _start_order(trace) == ["p20", "p90", "p300"]
+
+
 def test_shorter_arrival_preempts_longest_and_outputs_are_unchanged():
     with engine(MODEL, **leap_engine_kwargs({"preempt_margin": 0.5}, max_num_seqs=1)) as llm:
         solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(40))[0].outputs[0]

@@ -6,6 +6,7 @@ matplotlib is imported lazily with the non-interactive ``Agg`` backend.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -116,6 +117,26 @@ def choose_plot_metric(result: BenchResult) -> str | None:
     return metrics[0] if metrics else None
 
 
+def _axis_key(value: Any) -> float:
+    # an infinite rate (a burst) is stored as null in JSON: it sorts last
+    return float(value) if _is_number(value) else math.inf
+
+
+def _plot_series(ax, series: dict, axis: str, metric: str) -> None:
+    """One line per variant over the sweep points, on a categorical axis so that a
+    burst (rate = inf, null in JSON) is drawn beside the finite rates."""
+    points = sorted({_axis_key(p.get(axis)) for pts in series.values() for p in pts})
+    labels = ["burst" if math.isinf(x) else f"{x:g}" for x in points]
+    for variant, pts in series.items():
+        by_x = {_axis_key(p.get(axis)): p.get(metric) for p in pts if _is_number(p.get(metric))}
+        xs = [i for i, x in enumerate(points) if x in by_x]
+        if xs:
+            ax.plot(xs, [by_x[points[i]] for i in xs], marker="o", label=variant)
+    ax.set_xticks(range(len(points)), labels)
+    ax.set_xlabel(axis)
+    ax.legend()
+
+
 def render_plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
     """Bar chart of the plot metric per variant, or one line per variant
     along ``sweep_axis`` when series exist."""
@@ -128,18 +149,7 @@ def render_plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     try:
         if result.series and result.sweep_axis and metric:
-            axis = result.sweep_axis
-            for variant, points in result.series.items():
-                pts = [
-                    (p[axis], p[metric])
-                    for p in points
-                    if _is_number(p.get(axis)) and _is_number(p.get(metric))
-                ]
-                if pts:
-                    xs, ys = zip(*sorted(pts), strict=True)
-                    ax.plot(xs, ys, marker="o", label=variant)
-            ax.set_xlabel(axis)
-            ax.legend()
+            _plot_series(ax, result.series, result.sweep_axis, metric)
         elif metric:
             names = list(result.variants)
             values = [result.variants[n].get(metric) for n in names]

@@ -73,9 +73,11 @@ class LeapSchedulerMixin:
     def schedule(self, *args, **kwargs):
         now = time.time()
         views = {r.request_id: self._leap_view(r) for r in (*self.waiting, *self.running)}
-        # no prediction, or one value for all (a constant predictor): nothing to
-        # order by, so the schedule stays exactly vLLM's
-        if len({v.predicted_total for v in views.values()} - {None}) >= 2:
+        # no prediction, or one value for all (a constant predictor), and no prompt
+        # prior: nothing to order by, so the schedule stays exactly vLLM's
+        predicted = {v.predicted_total for v in views.values()} - {None}
+        by_prompt = self.leap.config.prior == "prompt_length" and len(self.waiting) > 1
+        if len(predicted) >= 2 or by_prompt:
             self._leap_admit_shorter(views, now)
             self._leap_order_queues(views, now)
         return super().schedule(*args, **kwargs)
