@@ -93,14 +93,13 @@ def _prompt_tokens(model: Path, prompts: list[str]) -> np.ndarray:
 
 def _predictor_cost(model: LinearLengthModel, X: np.ndarray, y: np.ndarray) -> dict:
     """CPU seconds per request of LEAP's head: one predict + one RLS update."""
-    trial = model
     start = time.perf_counter()
     for x in X:
-        trial.predict(x)
+        model.predict(x)
     predict_s = (time.perf_counter() - start) / len(X)
     start = time.perf_counter()
     for x, length in zip(X, y, strict=True):
-        trial.rls_update(x, length, 0.999)
+        model.rls_update(x, length, 0.999)
     return {"predict_s": predict_s, "rls_update_s": (time.perf_counter() - start) / len(X)}
 
 

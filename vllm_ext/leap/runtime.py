@@ -14,6 +14,7 @@ warning per kind and a counter; nothing fails the request.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -241,14 +242,9 @@ class LeapRuntime:
             except OSError as exc:
                 self._warn_once("checkpoint", "LEAP checkpoint to %s failed: %s", path, exc)
 
-    def forget(self, req_id: str) -> None:
-        self._entries.pop(req_id, None)
-
     def num_live(self) -> int:
         return len(self._entries)
 
 
 def _exists(path: str | None) -> bool:
-    import os
-
     return bool(path) and os.path.exists(path)

@@ -126,7 +126,9 @@ class LeapSchedulerMixin:
         best_wait = min(
             self.leap_policy.remaining(views[r.request_id]) or prior for r in self.waiting
         )
-        candidates = [r for r in self.running if self._leap_preemptible(r, views[r.request_id])]
+        candidates = [
+            r for r in self.running if self._leap_preemptible(r, views[r.request_id], now)
+        ]
         if not candidates:
             return
         worst = max(candidates, key=lambda r: self.leap_policy.remaining(views[r.request_id]))
@@ -138,7 +140,7 @@ class LeapSchedulerMixin:
         self._preempt_request(worst, now)
         self.leap.counters.inc("preemptions")
 
-    def _leap_preemptible(self, request, view: RequestView) -> bool:
+    def _leap_preemptible(self, request, view: RequestView, now: float) -> bool:
         # decoding requests with a prediction, not aged, not bounced too often
         return (
             request.status == RequestStatus.RUNNING
@@ -146,7 +148,7 @@ class LeapSchedulerMixin:
             and not request.is_prefill_chunk
             and request.num_preemptions < self.leap.config.max_preemptions
             and view.predicted_total is not None
-            and not self.leap_policy.is_aged(view, time.time())
+            and not self.leap_policy.is_aged(view, now)
         )
 
 
