@@ -1,0 +1,1 @@
+"""Flide: packed shared-context classification (one pass, exact)."""

@@ -1,0 +1,198 @@
+"""One packed forward pass through a model vLLM has loaded (vLLM 0.32 checked).
+
+The model's own decoder layers run unchanged; only the two modules whose
+result depends on sequence structure are stood in for, for the duration of
+the pass:
+
+- vLLM's ``Attention`` (paged, causal) → :class:`PackedAttention`
+  (segment-masked, :mod:`vllm_ext.kernels.packed_attention`);
+- ``QwenGatedDeltaNetAttention`` → :class:`PackedGatedDeltaNet`, which reuses
+  the layer's projections, gated norm and output projection and runs the
+  convolution and delta rule per lineage (:mod:`vllm_ext.flide.recurrent`).
+
+Nothing touches the KV cache or the recurrent-state pool, so the pass cannot
+disturb requests the engine is serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.layers.attention.attention import Attention
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+
+from vllm_ext.flide.batch import PackedBatch
+from vllm_ext.flide.packing import PackedLayout, key_start, lineage_window
+from vllm_ext.flide.recurrent import DeltaRule, gdn_gating, lineage_conv, segmented_delta_rule
+from vllm_ext.kernels.packed_attention import packed_attention
+
+# architectures whose packed pass is tested against separate computation
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3NextForCausalLM")
+
+
+class UnsupportedModelError(ValueError):
+    """The served model has a layer or architecture the packed pass cannot run."""
+
+
+class PackedAttention(nn.Module):
+    """Stands in for one vLLM ``Attention`` layer during a packed pass."""
+
+    def __init__(self, attn: Attention, layout: PackedLayout, starts: torch.Tensor) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.head_size, self.head_size_v = attn.head_size, attn.head_size_v
+        self.scale = float(attn.impl.scale)
+        self.layout, self.starts = layout, starts
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+        q = query.view(-1, self.num_heads, self.head_size)
+        k = key.view(-1, self.num_kv_heads, self.head_size)
+        v = value.view(-1, self.num_kv_heads, self.head_size_v)
+        out = packed_attention(
+            q, k, v, self.layout.segment_of, self.layout.visible, self.scale, self.starts
+        )
+        return out.reshape(q.shape[0], self.num_heads * self.head_size_v)
+
+
+class PackedGatedDeltaNet(nn.Module):
+    """Stands in for one ``QwenGatedDeltaNetAttention`` layer during a packed pass."""
+
+    def __init__(self, layer, layout: PackedLayout, window: torch.Tensor, kernel: DeltaRule):
+        super().__init__()
+        # a plain attribute, not a submodule: the layer stays owned by the model
+        self.__dict__["layer"] = layer
+        self.layout, self.window, self.kernel = layout, window, kernel
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        mixed_qkv, z, b, a = _gdn_projections(layer, hidden_states)
+        mixed_qkv = lineage_conv(
+            mixed_qkv, _conv_weight(layer), layer.conv1d.bias, self.window, layer.activation
+        )
+        query, key, value = layer.rearrange_mixed_qkv(mixed_qkv)
+        g, beta = gdn_gating(a, b, layer.A_log, layer.dt_bias)
+        core = segmented_delta_rule(
+            self.layout, query[0], key[0], value[0], g, beta.to(value.dtype), self.kernel
+        )
+        return layer._output_projection(core.to(hidden_states.dtype), z)
+
+
+def _gdn_projections(layer, hidden_states: torch.Tensor):
+    """``mixed_qkv [T, C], z [T, H, V], b, a [T, H]`` — as the layer's own ``forward_cpu``."""
+    mixed_qkvz, _ = layer.in_proj_qkvz(hidden_states)
+    ba, _ = layer.in_proj_ba(hidden_states)
+    if layer.gqa_interleaved_layout:
+        query, key, value, z, b, a = layer.fix_query_key_value_ordering(mixed_qkvz, ba)
+        num = hidden_states.shape[0]
+        mixed_qkv = torch.cat([t.reshape(num, -1) for t in (query, key, value)], dim=-1)
+        return mixed_qkv, z, b, a
+    qkv_size = (layer.key_dim * 2 + layer.value_dim) // layer.tp_size
+    mixed_qkv, z = mixed_qkvz.split([qkv_size, layer.value_dim // layer.tp_size], dim=-1)
+    b, a = ba.chunk(2, dim=-1)
+    return mixed_qkv, z.reshape(z.shape[0], -1, layer.head_v_dim), b, a
+
+
+def _conv_weight(layer) -> torch.Tensor:
+    """The conv taps as ``[C, W]`` (vLLM packs them in place on some CPUs)."""
+    weight = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)
+    if weight is None:
+        weight = layer.conv1d.weight
+    return weight.reshape(weight.shape[0], -1)
+
+
+class CpuDeltaRule:
+    """vLLM's CPU ``chunk_gated_delta_rule`` op; state ``[N, H, K, V]`` fp32.
+
+    The op takes bf16 q/k/v/beta only (as vLLM's own CPU path feeds it), so
+    other dtypes are cast for the call and the output cast back.
+    """
+
+    def zero_states(self, num, heads, k_dim, v_dim, device):
+        return torch.zeros(num, heads, k_dim, v_dim, dtype=torch.float32, device=device)
+
+    def __call__(self, q, k, v, g, beta, states, cu_seqlens):
+        from vllm import _custom_ops as ops
+
+        bf16 = [t.to(torch.bfloat16).contiguous() for t in (q, k, v, beta)]
+        indices = torch.arange(states.shape[0], dtype=torch.int32, device=q.device)
+        out, _ = ops.chunk_gated_delta_rule_cpu(
+            query=bf16[0], key=bf16[1], value=bf16[2], g=g.float().contiguous(), beta=bf16[3],
+            initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
+            head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=indices,
+        )  # fmt: skip
+        # the op writes each sequence's final state back into its slot
+        return out.to(v.dtype), states
+
+
+class FlaDeltaRule:
+    """vLLM's vendored FLA Triton op (GPU); state ``[N, H, V, K]`` fp32. Unverified: no GPU yet."""
+
+    def zero_states(self, num, heads, k_dim, v_dim, device):
+        return torch.zeros(num, heads, v_dim, k_dim, dtype=torch.float32, device=device)
+
+    def __call__(self, q, k, v, g, beta, states, cu_seqlens):
+        from vllm.third_party.flash_linear_attention.ops import chunk_gated_delta_rule
+
+        return chunk_gated_delta_rule(
+            q, k, v, g, beta, initial_state=states, output_final_state=True,
+            cu_seqlens=cu_seqlens.long(), use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+
+
+def check_supported(model: nn.Module, architecture: str) -> None:
+    """Raise :class:`UnsupportedModelError` for what the packed pass cannot compute exactly."""
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"Flide supports {', '.join(SUPPORTED_ARCHITECTURES)}; the served model is "
+            f"{architecture}"
+        )
+    for name, module in model.named_modules():
+        if isinstance(module, Attention) and module.sliding_window is not None:
+            raise UnsupportedModelError(f"{name}: sliding-window attention is not supported")
+
+
+@contextmanager
+def _stand_ins(model: nn.Module, layout: PackedLayout) -> Iterator[None]:
+    """Swap every attention / GDN module for its packed stand-in; always restore."""
+    starts = key_start(layout)
+    window: torch.Tensor | None = None
+    kernel: DeltaRule = FlaDeltaRule() if layout.input_ids.is_cuda else CpuDeltaRule()
+    swaps = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, Attention):
+                swaps.append((parent, name, child, PackedAttention(child, layout, starts)))
+            elif isinstance(child, QwenGatedDeltaNetAttention):
+                if window is None:
+                    window = lineage_window(layout, child.conv_kernel_size)
+                swaps.append(
+                    (parent, name, child, PackedGatedDeltaNet(child, layout, window, kernel))
+                )
+    try:
+        for parent, name, _, stand_in in swaps:
+            parent._modules[name] = stand_in
+        yield
+    finally:
+        for parent, name, original, _ in swaps:
+            parent._modules[name] = original
+
+
+def packed_logprobs(model: nn.Module, vllm_config, batch: PackedBatch) -> torch.Tensor:
+    """``[R, V]`` log-softmax of the logits at ``batch.readout_rows`` after one packed pass."""
+    device = next(model.parameters()).device
+    layout = batch.layout.to(device)
+    inner = model.model
+    with torch.inference_mode(), set_forward_context(None, vllm_config), _stand_ins(model, layout):
+        hidden = model.embed_input_ids(layout.input_ids)
+        residual = None
+        for layer in inner.layers[inner.start_layer : inner.end_layer]:
+            hidden, residual = layer(
+                positions=layout.positions, hidden_states=hidden, residual=residual
+            )
+        hidden, _ = inner.norm(hidden, residual)
+        logits = model.compute_logits(hidden[batch.readout_rows.to(device)])
+    return torch.log_softmax(logits.float(), dim=-1)
