@@ -1,0 +1,181 @@
+"""HiState config, policies and the eviction queue: score formula, order, pinning, admission."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_ext.common.config import ConfigError
+from vllm_ext.histate.config import HiStateConfig, load_histate_config
+from vllm_ext.histate.policy import (
+    BRANCH,
+    DECODE_END,
+    INTERVAL,
+    MIB,
+    PROMPT_END,
+    Item,
+    Kind,
+    make_policy,
+)
+from vllm_ext.histate.queue import EvictionQueue
+
+MB = 1 << 20
+
+
+def test_config_env_mapping_and_defaults():
+    cfg = load_histate_config({"time_weight": 2}, environ={"VLLM_EXT_HISTATE_POLICY": "marconi"})
+    assert cfg.policy == "marconi" and cfg.time_weight == 2.0
+    assert load_histate_config(environ={}) == HiStateConfig()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("policy", "fifo"),
+        ("host_bytes", -1),
+        ("ssd_bytes", True),
+        ("time_weight", float("nan")),
+        ("prefill_s_per_token", 0.0),
+        ("snapshot_interval_blocks", 0),
+        ("evict_slack", 0.9),
+        ("directory", ""),
+        ("fsync", "yes"),
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        HiStateConfig(**{field: value})
+
+
+def test_config_unknown_key():
+    with pytest.raises(ConfigError, match="'weight'"):
+        load_histate_config({"weight": 1.0}, environ={})
+
+
+def test_recompute_seconds_has_linear_and_quadratic_terms():
+    cfg = HiStateConfig(prefill_s_per_token=1e-3, prefill_s_per_token2=1e-6)
+    # 10 tokens from 90 to 100: 10 * 1e-3 + 1e-6 * (100^2 - 90^2) / 2
+    assert cfg.recompute_seconds(10, 100) == pytest.approx(0.01 + 1e-6 * 950)
+    assert cfg.recompute_seconds(0, 100) == 0.0
+
+
+def test_histate_score_formula():
+    cfg = HiStateConfig(time_weight=2.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+    policy = make_policy(cfg)
+    item = Item("a", Kind.KV, 4 * MB, last_access=10.0, recompute_tokens=100, position=100)
+    # (10 + 2 * 100 * 0.01) / 4 MiB
+    assert policy.score(item) == pytest.approx((10.0 + 2.0) / 4)
+    assert MIB == MB
+
+
+def test_histate_evicts_lowest_score_big_and_old_first():
+    cfg = HiStateConfig(time_weight=1.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+    q = EvictionQueue(make_policy(cfg), capacity=10 * MB)
+    # same age: the bigger item frees more bytes and goes first
+    q.insert(Item("small", Kind.KV, 1 * MB, 5.0))
+    q.insert(Item("big", Kind.SNAPSHOT, 4 * MB, 5.0))
+    # recompute credit keeps an old item: 1000 tokens * 0.01 s = +10 s
+    q.insert(Item("costly", Kind.KV, 1 * MB, 1.0, recompute_tokens=1000))
+    q.insert(Item("cheap", Kind.KV, 1 * MB, 1.0))
+    ok, evicted = q.insert(Item("new", Kind.KV, 6 * MB, 6.0))
+    assert ok
+    # scores: big 5/4=1.25, cheap 1, small 5, costly 11 -> cheap then big
+    assert [i.key for i in evicted] == ["cheap", "big"]
+    q.check_invariants()
+
+
+def test_time_weight_zero_ignores_recompute():
+    cfg = HiStateConfig(time_weight=0.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+    q = EvictionQueue(make_policy(cfg), capacity=2 * MB)
+    q.insert(Item("costly", Kind.KV, 1 * MB, 1.0, recompute_tokens=10_000))
+    q.insert(Item("recent", Kind.KV, 1 * MB, 2.0))
+    _, evicted = q.insert(Item("x", Kind.KV, 1 * MB, 3.0))
+    assert [i.key for i in evicted] == ["costly"]
+
+
+def test_lru_order_and_touch_reorders():
+    q = EvictionQueue(make_policy(HiStateConfig(policy="lru")), capacity=3 * MB)
+    for t, key in enumerate("abc"):
+        q.insert(Item(key, Kind.KV, MB, float(t)))
+    assert q.touch("a", 10.0)
+    _, evicted = q.insert(Item("d", Kind.KV, MB, 11.0))
+    assert [i.key for i in evicted] == ["b"]
+    assert not q.touch("zz", 1.0)
+
+
+def test_pinned_items_are_never_evicted():
+    q = EvictionQueue(make_policy(HiStateConfig(policy="lru")), capacity=2 * MB)
+    q.insert(Item("old", Kind.KV, MB, 0.0))
+    q.insert(Item("newer", Kind.KV, MB, 1.0))
+    assert q.pin("old")
+    _, evicted = q.insert(Item("x", Kind.KV, MB, 2.0))
+    assert [i.key for i in evicted] == ["newer"]
+    # everything else pinned too: the insert is refused and nothing is evicted
+    q.pin("x")
+    ok, evicted = q.insert(Item("y", Kind.KV, MB, 3.0))
+    assert (ok, evicted) == (False, [])
+    assert "old" in q and "x" in q
+    q.unpin("old")
+    ok, evicted = q.insert(Item("y", Kind.KV, MB, 3.0))
+    assert ok and [i.key for i in evicted] == ["old"]
+    q.check_invariants()
+
+
+def test_item_larger_than_capacity_is_refused():
+    q = EvictionQueue(make_policy(HiStateConfig()), capacity=MB)
+    assert q.insert(Item("huge", Kind.SNAPSHOT, 2 * MB, 0.0)) == (False, [])
+    assert len(q) == 0
+
+
+def test_slack_evicts_below_capacity():
+    q = EvictionQueue(make_policy(HiStateConfig(policy="lru")), capacity=10 * MB, slack=0.3)
+    for t in range(10):
+        q.insert(Item(t, Kind.KV, MB, float(t)))
+    _, evicted = q.insert(Item("x", Kind.KV, MB, 99.0))
+    # down to 7 MiB - 1 MiB before the insert
+    assert len(evicted) == 4 and q.used_bytes == 7 * MB
+
+
+def test_marconi_admission_and_normalised_order():
+    cfg = HiStateConfig(policy="marconi", marconi_alpha=1.0, prefill_s_per_token2=0.0)
+    policy = make_policy(cfg)
+    assert policy.admit(BRANCH) and policy.admit(DECODE_END)
+    assert not policy.admit(INTERVAL) and not policy.admit(PROMPT_END)
+    assert make_policy(HiStateConfig(policy="histate")).admit(INTERVAL)
+    with pytest.raises(ValueError, match="reason"):
+        policy.admit("whim")
+    items = [
+        Item("old_efficient", Kind.SNAPSHOT, MB, 0.0, recompute_tokens=1000),
+        Item("old_useless", Kind.SNAPSHOT, MB, 0.0, recompute_tokens=0),
+        Item("recent_useless", Kind.SNAPSHOT, MB, 10.0, recompute_tokens=0),
+    ]
+    # S: old_efficient 0 + 1, old_useless 0 + 0, recent_useless 1 + 0
+    assert [i.key for i in policy.order(items)][0] == "old_useless"
+    q = EvictionQueue(policy, capacity=3 * MB)
+    for item in items:
+        q.insert(item)
+    _, evicted = q.insert(Item("n", Kind.KV, MB, 11.0))
+    assert [i.key for i in evicted] == ["old_useless"]
+
+
+def test_random_operations_keep_invariants():
+    rng = random.Random(0)
+    for name in ("lru", "histate", "marconi"):
+        q = EvictionQueue(make_policy(HiStateConfig(policy=name)), capacity=20 * MB, slack=0.05)
+        pinned: set[int] = set()
+        for step in range(2000):
+            key = rng.randrange(60)
+            op = rng.random()
+            if op < 0.5:
+                q.insert(Item(key, Kind.KV, rng.randint(1, 3) * MB, float(step),
+                              recompute_tokens=rng.randrange(500)))  # fmt: skip
+            elif op < 0.8:
+                q.touch(key, float(step), rng.randrange(500))
+            elif op < 0.9 and q.pin(key):
+                pinned.add(key)
+            elif pinned:
+                q.unpin(pinned.pop())
+            q.check_invariants()
+            for key in pinned:
+                assert key in q, f"{name}: pinned item {key} evicted"

@@ -1,0 +1,146 @@
+"""HiState SSD snapshot files: round trip, corruption, foreign and temp files, faults, restart."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from vllm_ext.histate import snapfile
+from vllm_ext.histate.snapfile import SnapshotStore, namespace_id, pack_arrays, unpack_arrays
+
+NS = "model=tiny;dtype=bf16;layers=GGGA;block=64;tp=0/1"
+
+
+@pytest.fixture
+def store(tmp_path):
+    return SnapshotStore(tmp_path, NS, fsync=True)
+
+
+def test_round_trip_and_numpy_payload(store):
+    arrays = {"conv": np.arange(12, dtype=np.float32).reshape(3, 4), "ssm": np.ones((2, 2))}
+    assert store.put("h1", pack_arrays(arrays))
+    out = unpack_arrays(store.get("h1"))
+    assert set(out) == {"conv", "ssm"}
+    np.testing.assert_array_equal(out["conv"], arrays["conv"])
+    assert store.get("missing") is None
+    assert store.counters.value("ssd_writes") == 1 and store.counters.value("ssd_reads") == 1
+
+
+def test_restart_rebuilds_index(tmp_path, store):
+    store.put("a", b"alpha")
+    store.put("b", b"beta" * 100)
+    again = SnapshotStore(tmp_path, NS)
+    assert sorted(again.keys()) == ["a", "b"]
+    assert again.sizes()["b"] == 400
+    assert again.get("b") == b"beta" * 100
+
+
+def test_other_namespace_sees_nothing(tmp_path, store):
+    store.put("a", b"alpha")
+    other = SnapshotStore(tmp_path, NS.replace("bf16", "fp16"))
+    assert len(other) == 0 and other.get("a") is None
+    assert namespace_id(model="m", tp=0) != namespace_id(model="m", tp=1)
+
+
+def _corrupt(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        data = data[: len(data) - 3]
+    elif how == "zero_fill":
+        data = bytearray(len(data))
+    elif how == "header_flip":
+        data[12] ^= 0x01
+    elif how == "payload_flip":
+        data[-1] ^= 0x80
+    elif how == "extra_bytes":
+        data += b"junk"
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "how", ["truncate", "zero_fill", "header_flip", "payload_flip", "extra_bytes"]
+)
+def test_corrupt_file_is_a_counted_miss_and_quarantined(tmp_path, store, how):
+    store.put("k", b"x" * 1000)
+    path = store.path("k")
+    _corrupt(path, how)
+    assert store.get("k") is None
+    assert store.counters.value("ssd_corrupt") == 1
+    assert not path.exists()
+    assert len(list((tmp_path / snapfile.QUARANTINE).iterdir())) == 1
+    assert "k" not in store
+
+
+@pytest.mark.parametrize("how", ["truncate", "zero_fill", "header_flip"])
+def test_corrupt_file_found_at_restart_is_quarantined(tmp_path, store, how):
+    store.put("k", b"x" * 1000)
+    store.put("good", b"fine")
+    _corrupt(store.path("k"), how)
+    again = SnapshotStore(tmp_path, NS)
+    if how == "truncate":
+        # the header is intact: detected at the read, by length
+        assert again.get("k") is None
+    assert "k" not in again and again.get("good") == b"fine"
+    assert again.counters.value("ssd_corrupt") == 1
+
+
+def test_foreign_file_in_folder_is_quarantined(tmp_path, store):
+    foreign = snapfile.encode("another-model", "k", b"payload")
+    store.path("k").write_bytes(foreign)
+    again = SnapshotStore(tmp_path, NS)
+    assert len(again) == 0 and again.counters.value("ssd_corrupt") == 1
+
+
+def test_stale_temp_files_removed_at_start(tmp_path, store):
+    tmp = store.root / "abc.1234.tmp"
+    tmp.write_bytes(b"half a write")
+    again = SnapshotStore(tmp_path, NS)
+    assert not tmp.exists() and again.counters.value("ssd_stale_temp_removed") == 1
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO])
+def test_write_error_fails_gracefully(monkeypatch, store, code):
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(snapfile.os, "write", fail)
+    assert store.put("k", b"data") is False
+    assert store.counters.value("ssd_write_failures") == 1
+    assert "k" not in store
+    # no partial file under the final name, no temp left behind
+    assert list(store.root.iterdir()) == []
+
+
+def test_open_and_rename_errors_fail_gracefully(monkeypatch, store):
+    monkeypatch.setattr(
+        snapfile.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(errno.EROFS, "ro"))
+    )
+    assert store.put("k", b"data") is False
+    assert list(store.root.iterdir()) == []
+    monkeypatch.setattr(
+        snapfile.os, "open", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full"))
+    )
+    assert store.put("k", b"data") is False
+    assert store.counters.value("ssd_write_failures") == 2
+
+
+def test_read_error_is_a_counted_miss(monkeypatch, store):
+    store.put("k", b"data")
+
+    def fail(*args, **kwargs):
+        raise OSError(errno.EIO, "io")
+
+    monkeypatch.setattr("builtins.open", fail)
+    assert store.get("k") is None
+    assert store.counters.value("ssd_read_failures") == 1
+
+
+def test_delete_and_vanished_file(store):
+    store.put("k", b"data")
+    store.put("v", b"data")
+    assert store.delete("k") and "k" not in store and not store.delete("k")
+    os.unlink(store.path("v"))
+    assert store.get("v") is None and "v" not in store

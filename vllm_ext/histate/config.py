@@ -1,0 +1,121 @@
+"""HiState configuration: one frozen dataclass, built by ``load_histate_config(...)``.
+
+Every field can also be set as ``VLLM_EXT_HISTATE_<FIELD>``; precedence is
+mapping (``kv_connector_extra_config``) > environment > default. Values are
+checked in ``__post_init__``, so a directly constructed ``HiStateConfig`` is
+held to the same rules as a loaded one.
+
+Time and tokens on one scale (our design choice; the paper does not publish
+its normalisation): the recompute term of an item is converted to seconds of
+prefill with the calibration ``prefill_s_per_token`` (+ a quadratic attention
+term ``prefill_s_per_token2``), multiplied by ``time_weight`` and added to the
+item's last-access time. An item that saves ``X`` seconds of prefill is thus
+ranked as if it had been used ``time_weight * X`` seconds later; the sum is
+divided by the bytes the item frees. ``time_weight = 0`` is recency per byte
+(the ablation's lower end).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vllm_ext.common.config import ConfigError, load_config, option
+
+SYSTEM = "histate"
+POLICIES = ("lru", "marconi", "histate")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class HiStateConfig:
+    """Settings of the HiState tiers, eviction queue and snapshot admission."""
+
+    policy: Literal["lru", "marconi", "histate"] = option(
+        "histate", doc="eviction/admission policy of the host and SSD tiers"
+    )
+    host_bytes: int = option(32 * GIB, doc="host-memory tier capacity, KV + snapshots (>= 0)")
+    ssd_bytes: int = option(256 * GIB, doc="SSD tier capacity, snapshots only (>= 0)")
+    directory: str | None = option(
+        None, doc="SSD tier folder (created if missing); None = no SSD tier"
+    )
+    time_weight: float = option(
+        1.0, doc="w: weight of the recompute seconds against last-access seconds (>= 0)"
+    )
+    prefill_s_per_token: float = option(
+        4.0e-5, doc="calibrated prefill seconds per token (linear part, > 0)"
+    )
+    prefill_s_per_token2: float = option(
+        2.6e-10, doc="quadratic attention term: seconds per token per context token (>= 0)"
+    )
+    marconi_alpha: float = option(
+        1.0, doc="Marconi: weight of normalised FLOP efficiency against recency (>= 0)"
+    )
+    snapshot_interval_blocks: int = option(
+        8, doc="histate/lru: keep a snapshot every N blocks of a prefix (>= 1)"
+    )
+    evict_slack: float = option(
+        0.02, doc="when a tier is full, evict down to (1 - slack) x capacity, in [0, 0.5]"
+    )
+    spill_to_ssd: bool = option(True, doc="snapshots evicted from host memory go to the SSD")
+    fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"HiStateConfig.policy must be one of {list(POLICIES)}, got {self.policy!r}"
+            )
+        for name in ("host_bytes", "ssd_bytes"):
+            _check_int(name, getattr(self, name), minimum=0)
+        _check_int("snapshot_interval_blocks", self.snapshot_interval_blocks, minimum=1)
+        if self.directory is not None and (
+            not isinstance(self.directory, str) or not self.directory
+        ):
+            raise ConfigError(
+                f"HiStateConfig.directory must be a non-empty path or None, got {self.directory!r}"
+            )
+        _check_float("time_weight", self.time_weight, lambda v: v >= 0, ">= 0")
+        _check_float("prefill_s_per_token", self.prefill_s_per_token, lambda v: v > 0, "> 0")
+        _check_float("prefill_s_per_token2", self.prefill_s_per_token2, lambda v: v >= 0, ">= 0")
+        _check_float("marconi_alpha", self.marconi_alpha, lambda v: v >= 0, ">= 0")
+        _check_float("evict_slack", self.evict_slack, lambda v: 0 <= v <= 0.5, "in [0, 0.5]")
+        for name in ("spill_to_ssd", "fsync"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"HiStateConfig.{name} must be a boolean, got {getattr(self, name)!r}"
+                )
+
+    def recompute_seconds(self, tokens: int, end_position: int) -> float:
+        """Prefill seconds to recompute ``tokens`` tokens ending at token ``end_position``.
+
+        Linear part plus attention over the context: ``a * n + b * (end^2 - start^2) / 2``.
+        """
+        start = max(0, end_position - tokens)
+        return self.prefill_s_per_token * tokens + self.prefill_s_per_token2 * 0.5 * (
+            end_position * end_position - start * start
+        )
+
+
+def load_histate_config(
+    mapping: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> HiStateConfig:
+    """``load_config(HiStateConfig, "histate", mapping, environ)``: mapping > env > defaults."""
+    return load_config(HiStateConfig, SYSTEM, mapping, environ)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    # bool is an int subclass; True as a byte count is a typo, not a value
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"HiStateConfig.{name} must be int, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"HiStateConfig.{name} must be >= {minimum}, got {value}")
+
+
+def _check_float(name: str, value: Any, ok: Any, rule: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"HiStateConfig.{name} must be float, got {value!r}")
+    # NaN fails every comparison, so `ok` alone would let some rules pass it
+    if not math.isfinite(value) or not ok(value):
+        raise ConfigError(f"HiStateConfig.{name} must be {rule}, got {value}")

@@ -1,0 +1,28 @@
+"""HiState counters (published as ``vllm_ext:histate_<name>_total`` by the connector)."""
+
+from __future__ import annotations
+
+from vllm_ext.common.counters import Counters, CounterSpec
+
+SYSTEM = "histate"
+COUNTER_SPECS = (
+    CounterSpec("ssd_writes", "snapshot files written and made durable"),
+    CounterSpec("ssd_write_bytes", "payload bytes written to the SSD tier"),
+    CounterSpec("ssd_write_failures", "SSD writes that failed (disk full, EIO, ...); not stored"),
+    CounterSpec("ssd_reads", "snapshot files read and verified"),
+    CounterSpec("ssd_read_bytes", "payload bytes read from the SSD tier"),
+    CounterSpec("ssd_read_failures", "SSD reads that failed with an I/O error; treated as misses"),
+    CounterSpec("ssd_corrupt", "torn, corrupt or foreign snapshot files found and quarantined"),
+    CounterSpec("ssd_stale_temp_removed", "temporary files of interrupted writes removed"),
+    CounterSpec("host_hits", "snapshots or KV blocks served from host memory"),
+    CounterSpec("ssd_hits", "snapshots served from the SSD tier"),
+    CounterSpec("host_evictions", "items evicted from host memory"),
+    CounterSpec("ssd_evictions", "snapshots evicted from the SSD tier"),
+    CounterSpec("spills", "snapshots moved from host memory to the SSD tier"),
+    CounterSpec("store_rejected", "stores refused: not admitted, or no room (all pinned)"),
+)
+
+
+def new_counters() -> Counters:
+    """A fresh set of HiState counters."""
+    return Counters(SYSTEM, COUNTER_SPECS)

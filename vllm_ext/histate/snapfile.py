@@ -1,0 +1,306 @@
+"""Crash-consistent snapshot files on the SSD tier (bytes in, bytes out; no vLLM).
+
+File layout (little endian), one snapshot per file ``<sha256(key)[:40]>.snap``
+in ``<directory>/ns-<namespace id>/``::
+
+    magic    8s   b"HISTSNAP"
+    version  u16  FORMAT_VERSION
+    ns_len   u16  length of the namespace text
+    key_len  u32  length of the key text
+    length   u64  payload bytes
+    crc      u32  zlib.crc32 of the payload
+    hcrc     u32  zlib.crc32 of everything above + namespace + key
+    namespace, key (UTF-8), payload
+
+Why each part: the namespace (model, dtype, layer layout, block size,
+parallelism, see :func:`namespace_id`) makes a state written by another model
+or layout a miss, never a wrong hit; the length catches truncation; the two
+CRCs catch torn or flipped bytes (vLLM's FS tier has no checksum, so a
+renamed-but-unflushed file reads as garbage; reliability.md 7.1).
+
+Writes go to ``<name>.<random>.tmp`` (``O_EXCL``), are fsynced, atomically
+renamed and the folder fsynced, so a file under its final name is always
+complete. Every failure path (disk full, EIO, read-only) returns False/None
+and counts; nothing raises into serving. Files failing validation are moved
+to ``quarantine/`` and counted. At start, leftover temp files are removed and
+the index is rebuilt by reading every header, so a restart finds the entries
+again. Methods are safe to call from several threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import secrets
+import struct
+import threading
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vllm_ext.common.counters import Counters
+from vllm_ext.common.log import get_logger
+from vllm_ext.histate.counters import new_counters
+
+logger = get_logger(__name__)
+
+MAGIC = b"HISTSNAP"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<8sHHIQII")
+SUFFIX, TMP_SUFFIX, QUARANTINE = ".snap", ".tmp", "quarantine"
+
+
+class CorruptSnapshot(ValueError):
+    """A snapshot file failed validation (reason in the message)."""
+
+
+def namespace_id(**fields: Any) -> str:
+    """Stable id of a layout: sha256 of the sorted JSON of ``fields`` (first 16 hex).
+
+    Pass everything that changes the bytes of a state: model and revision,
+    dtype, layer layout, block size, tensor/pipeline ranks, format version.
+    """
+    text = json.dumps({**fields, "format": FORMAT_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def encode(namespace: str, key: str, payload: bytes) -> bytes:
+    """The full file content for ``payload`` under ``key``."""
+    ns, k = namespace.encode(), key.encode()
+    crc = zlib.crc32(payload)
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, len(ns), len(k), len(payload), crc, 0)[:-4]
+    hcrc = zlib.crc32(head + ns + k)
+    return head + struct.pack("<I", hcrc) + ns + k + payload
+
+
+def read_header(fh: io.BufferedReader, namespace: str) -> tuple[str, int, int]:
+    """Validate the header at the start of ``fh``; ``(key, payload length, payload crc)``."""
+    raw = fh.read(_HEADER.size)
+    if len(raw) != _HEADER.size:
+        raise CorruptSnapshot("truncated header")
+    magic, version, ns_len, key_len, length, crc, hcrc = _HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise CorruptSnapshot("bad magic")
+    if version != FORMAT_VERSION:
+        raise CorruptSnapshot(f"format version {version}, expected {FORMAT_VERSION}")
+    if ns_len > 4096 or key_len > 1 << 16:
+        raise CorruptSnapshot("header lengths out of range")
+    names = fh.read(ns_len + key_len)
+    if len(names) != ns_len + key_len or zlib.crc32(raw[:-4] + names) != hcrc:
+        raise CorruptSnapshot("header checksum mismatch")
+    if names[:ns_len].decode(errors="replace") != namespace:
+        raise CorruptSnapshot("foreign namespace")
+    return names[ns_len:].decode(), length, crc
+
+
+def pack_arrays(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Serialise named numpy arrays (no pickle) into one payload."""
+    buf = io.BytesIO()
+    np.savez(buf, **{name: np.ascontiguousarray(a) for name, a in arrays.items()})
+    return buf.getvalue()
+
+
+def unpack_arrays(payload: bytes) -> dict[str, np.ndarray]:
+    """Inverse of :func:`pack_arrays`."""
+    with np.load(io.BytesIO(payload), allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}
+
+
+class SnapshotStore:
+    """Snapshot files of one namespace under ``directory``.
+
+    Args:
+        directory: root folder (created if missing).
+        namespace: layout text stored in every header; its :func:`namespace_id`
+            names the sub-folder.
+        fsync: make every write durable before it counts. Default: True.
+        counters: where failures and I/O are counted. Default: a fresh set.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], namespace: str, *, fsync: bool = True,
+        counters: Counters | None = None,
+    ):  # fmt: skip
+        self.namespace = namespace
+        self.root = Path(directory) / f"ns-{namespace_id(namespace=namespace)}"
+        self.quarantine_dir = Path(directory) / QUARANTINE
+        self.fsync = fsync
+        self.counters = counters or new_counters()
+        self._lock = threading.Lock()
+        # key -> payload bytes of files known to be complete under their final name
+        self._index: dict[str, int] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temps()
+        self.rebuild_index()
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._index
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._index)
+
+    def keys(self) -> list[str]:
+        """Keys with a complete file."""
+        with self._lock:
+            return list(self._index)
+
+    def sizes(self) -> dict[str, int]:
+        """Key -> payload bytes."""
+        with self._lock:
+            return dict(self._index)
+
+    def path(self, key: str) -> Path:
+        """File of ``key`` (whether or not it exists)."""
+        return self.root / (hashlib.sha256(key.encode()).hexdigest()[:40] + SUFFIX)
+
+    def put(self, key: str, payload: bytes) -> bool:
+        """Store ``payload`` durably under ``key``; False (counted) on any OS error."""
+        data = encode(self.namespace, key, bytes(payload))
+        final = self.path(key)
+        tmp = final.with_name(f"{final.stem}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        try:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except OSError as exc:
+            return self._write_failed(key, tmp, exc, created=False)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    if written <= 0:
+                        raise OSError(errno.EIO, "short write")
+                    view = view[written:]
+                if self.fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+            if self.fsync:
+                self._fsync_dir()
+        except OSError as exc:
+            return self._write_failed(key, tmp, exc, created=True)
+        with self._lock:
+            self._index[key] = len(payload)
+        self.counters.inc("ssd_writes")
+        self.counters.inc("ssd_write_bytes", len(payload))
+        return True
+
+    def get(self, key: str) -> bytes | None:
+        """The verified payload of ``key``, or None (a miss) if absent, corrupt or unreadable."""
+        if key not in self:
+            return None
+        path = self.path(key)
+        try:
+            with open(path, "rb") as fh:
+                stored_key, length, crc = read_header(fh, self.namespace)
+                payload = fh.read(length + 1)
+        except FileNotFoundError:
+            # deleted by a concurrent evict: a plain miss
+            self._forget(key)
+            return None
+        except CorruptSnapshot as exc:
+            self._quarantine(path, key, str(exc))
+            return None
+        except OSError as exc:
+            self.counters.inc("ssd_read_failures")
+            logger.warning("HiState: reading snapshot %s failed: %s", path, exc)
+            return None
+        problem = None
+        if stored_key != key:
+            problem = "key mismatch"
+        elif len(payload) != length:
+            problem = "payload length mismatch (torn file)"
+        elif zlib.crc32(payload) != crc:
+            problem = "payload checksum mismatch"
+        if problem:
+            self._quarantine(path, key, problem)
+            return None
+        self.counters.inc("ssd_reads")
+        self.counters.inc("ssd_read_bytes", length)
+        return payload
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``'s file; False if it was not there."""
+        known = self._forget(key)
+        try:
+            os.unlink(self.path(key))
+        except FileNotFoundError:
+            return known
+        except OSError as exc:
+            logger.warning("HiState: removing snapshot of %s failed: %s", key, exc)
+        return True
+
+    def rebuild_index(self) -> dict[str, int]:
+        """Re-read every header; quarantine bad files; key -> payload bytes."""
+        index: dict[str, int] = {}
+        for path in sorted(self.root.glob("*" + SUFFIX)):
+            try:
+                with open(path, "rb") as fh:
+                    key, length, _ = read_header(fh, self.namespace)
+                size = path.stat().st_size
+            except CorruptSnapshot as exc:
+                self._quarantine(path, None, str(exc))
+                continue
+            except OSError as exc:
+                logger.warning("HiState: skipping unreadable snapshot %s: %s", path, exc)
+                continue
+            if path != self.path(key) or size < length:
+                self._quarantine(path, None, "misnamed or truncated file")
+                continue
+            index[key] = length
+        with self._lock:
+            self._index = index
+        logger.info("HiState: %d snapshots found in %s", len(index), self.root)
+        return dict(index)
+
+    def _write_failed(self, key: str, tmp: Path, exc: OSError, created: bool) -> bool:
+        self.counters.inc("ssd_write_failures")
+        logger.warning("HiState: storing snapshot %s failed (%s); not stored", key, exc)
+        if created:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return False
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _forget(self, key: str) -> bool:
+        with self._lock:
+            return self._index.pop(key, None) is not None
+
+    def _quarantine(self, path: Path, key: str | None, reason: str) -> None:
+        self.counters.inc("ssd_corrupt")
+        if key is not None:
+            self._forget(key)
+        logger.warning("HiState: snapshot file %s is invalid (%s); quarantined", path, reason)
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            os.replace(path, self.quarantine_dir / f"{path.name}.{secrets.token_hex(4)}")
+        except OSError:
+            # cannot move it: delete it, so it is never read again
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def _remove_stale_temps(self) -> None:
+        for tmp in self.root.glob("*" + TMP_SUFFIX):
+            try:
+                tmp.unlink()
+                self.counters.inc("ssd_stale_temp_removed")
+            except OSError as exc:
+                logger.warning("HiState: cannot remove stale temp file %s: %s", tmp, exc)
