@@ -12,7 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.e2e.conftest import SERVE_ARGS, metric_value, server_env, wait_for_metric
+from tests.e2e.conftest import (
+    SERVE_ARGS,
+    assert_greedy_chat_reply,
+    metric_value,
+    server_env,
+    wait_for_metric,
+)
 from vllm_ext.assets import model_path
 from vllm_ext.assets.leap_weights import weights_path
 from vllm_ext.leap.runtime import HINT_KEY
@@ -46,13 +52,7 @@ def client(server):
 
 
 def test_chat_completion_answers_and_returns_the_prediction(client):
-    reply = client.chat.completions.create(
-        model="smollm2",
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
-        temperature=0,
-        max_tokens=16,
-    )
-    assert "Paris" in reply.choices[0].message.content
+    reply = assert_greedy_chat_reply(client, "smollm2", model_path("smollm2"))
     # vLLM 0.32 puts the connector's finish params into the (non-streaming) response
     info = (reply.model_extra.get("kv_transfer_params") or {}).get("leap")
     assert info is not None, reply.model_extra

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.conftest import SERVE_ARGS, server_env
+from tests.e2e.conftest import SERVE_ARGS, assert_greedy_chat_reply, server_env
 from vllm_ext.assets import model_path
 from vllm_ext.serving import VllmServer
 
@@ -26,14 +26,7 @@ def test_chat_completion_answers(server):
     from openai import OpenAI
 
     client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
-    reply = client.chat.completions.create(
-        model="smollm2",
-        messages=[{"role": "user", "content": "What is the capital of France?"}],
-        temperature=0,
-        max_tokens=16,
-    )
-    assert "Paris" in reply.choices[0].message.content
-    assert reply.usage.completion_tokens > 0
+    assert_greedy_chat_reply(client, "smollm2", model_path("smollm2"))
 
 
 def test_sharegpt_trace_through_load_driver(server):

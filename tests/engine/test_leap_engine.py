@@ -194,6 +194,26 @@ def test_rls_corrects_online_and_checkpoints(tmp_path):
     assert all(o.kv_transfer_params["leap"]["predicted_tokens"] > 0 for o in outs)
 
 
+def test_a_request_ending_at_its_first_token_is_predicted_and_learned_from(tmp_path):
+    # vLLM finishes such a request before it passes the step's connector output on
+    from vllm import SamplingParams
+
+    weights = write_weights(tmp_path / "w.npz", 128)
+    prompt = {"prompt_token_ids": PROMPTS[0]}
+    with engine(MODEL, **leap_engine_kwargs({"weights_path": str(weights)})) as llm:
+        first = llm.generate([prompt], _params(1))[0]
+        token = first.outputs[0].token_ids[0]
+        stop_at_first = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[token])
+        stopped = llm.generate([prompt], stop_at_first)[0]
+        connector = leap_connector_of(llm)
+        assert connector.runtime.num_live() == 0
+    assert first.kv_transfer_params["leap"]["predicted_tokens"] is not None
+    assert stopped.outputs[0].finish_reason == "stop" and len(stopped.outputs[0].token_ids) == 1
+    assert stopped.kv_transfer_params["leap"]["predicted_tokens"] is not None
+    assert connector.counters.value("predictions") == 2
+    assert connector.counters.value("rls_updates") == 1  # the capped one is known only as >= 1
+
+
 def test_aborts_in_every_state_leak_nothing(tmp_path):
     weights = write_weights(tmp_path / "w.npz", 128)
     kwargs = leap_engine_kwargs({"weights_path": str(weights)}, max_num_seqs=2)
@@ -230,6 +250,9 @@ def test_leap_composes_with_another_connector_through_multiconnector(tmp_path):
     }
     with engine(MODEL, **kwargs) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params(5))
+        # ends in its prefill step: its probe must be found inside MultiConnector's metadata
+        one = llm.generate([{"prompt_token_ids": PROMPTS[0]}], _params(1))[0]
         counters = leap_connector_of(llm).counters
-    assert counters.value("predictions") == len(PROMPTS)
+    assert counters.value("predictions") == len(PROMPTS) + 1
     assert all(o.kv_transfer_params is not None for o in outs)
+    assert one.kv_transfer_params["leap"]["predicted_tokens"] is not None

@@ -47,6 +47,19 @@ class LeapWorkerMetadata(KVConnectorWorkerMetadata):
         return self
 
 
+def leap_worker_meta(connector_output, connector) -> KVConnectorWorkerMetadata | None:
+    """LEAP's part of a step's worker metadata; ``connector`` is the scheduler's own
+    (LEAP's, or a MultiConnector holding it, whose metadata is one entry per connector)."""
+    meta = connector_output.kv_connector_worker_meta
+    if meta is None or isinstance(connector, LeapConnector):
+        return meta
+    for inner, part in zip(getattr(connector, "_connectors", ()),
+                           getattr(meta, "metadata", ()), strict=False):  # fmt: skip
+        if isinstance(inner, LeapConnector):
+            return part
+    return None
+
+
 class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, SupportsHMA):
     COUNTER_SYSTEM = "leap"
     COUNTER_SPECS = COUNTERS
@@ -62,15 +75,29 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
             if role == KVConnectorRole.SCHEDULER
             else None
         )
+        self._delivered: LeapWorkerMetadata | None = None
 
     # ---- scheduler side
     def build_connector_meta(self, scheduler_output):
         return LeapMetadata(finished_req_ids=frozenset(scheduler_output.finished_req_ids))
 
     def update_connector_output(self, connector_output):
-        meta = connector_output.kv_connector_worker_meta
-        if isinstance(meta, LeapWorkerMetadata):
-            for req_id, vector in meta.vectors.items():
+        self.deliver_probes(connector_output.kv_connector_worker_meta)
+
+    def deliver_probes(self, meta, is_live=None) -> None:
+        """Hand a step's probe vectors to the runtime, once per step.
+
+        The LEAP scheduler calls this before vLLM processes the step's outputs
+        (vLLM itself calls ``update_connector_output`` only after finishing
+        requests, too late for a request whose first token ends it); the later
+        call with the same metadata object is then a no-op. ``is_live(req_id)``
+        drops vectors of requests aborted meanwhile, so none leaves an entry behind.
+        """
+        if not isinstance(meta, LeapWorkerMetadata) or meta is self._delivered:
+            return
+        self._delivered = meta
+        for req_id, vector in meta.vectors.items():
+            if is_live is None or is_live(req_id):
                 self.runtime.on_probe(req_id, vector)
 
     def request_finished(self, request, block_ids):

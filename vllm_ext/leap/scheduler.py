@@ -30,7 +30,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from vllm_ext.common.log import get_logger
-from vllm_ext.leap.connector import LeapConnector
+from vllm_ext.leap.connector import LeapConnector, leap_worker_meta
 from vllm_ext.leap.policy import LeapPolicy, RequestView
 from vllm_ext.leap.runtime import HINT_KEY
 
@@ -62,6 +62,7 @@ class LeapSchedulerMixin:
             )
         if self.policy != SchedulingPolicy.FCFS:
             raise ValueError("LeapScheduler replaces the queue order; use --scheduling-policy fcfs")
+        self._leap_connector = leap
         self.leap = leap.runtime
         self.leap_policy = LeapPolicy(self.leap.config)
         logger.info(
@@ -81,6 +82,16 @@ class LeapSchedulerMixin:
             self._leap_admit_shorter(views, now)
             self._leap_order_queues(views, now)
         return super().schedule(*args, **kwargs)
+
+    def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
+        # probes first: vLLM finishes requests before it passes the connector output on,
+        # so a request ending at its first token would finish unpredicted and unlearned
+        kv_output = model_runner_output.kv_connector_output
+        if kv_output is not None:
+            self._leap_connector.deliver_probes(
+                leap_worker_meta(kv_output, self.connector), is_live=self.requests.__contains__
+            )
+        return super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
 
     def _leap_view(self, request) -> RequestView:
         extra = request.sampling_params.extra_args if request.sampling_params else None
