@@ -40,6 +40,8 @@ class EvictionQueue:
         self.capacity = capacity
         self.slack = slack
         self.used_bytes = 0
+        # bytes of items with pins > 0 (they cannot be evicted)
+        self.pinned_bytes = 0
         # key -> item; the heap holds (score, seq, stamp, key) and may hold stale entries
         self._items: dict[Hashable, Item] = {}
         self._heap: list[tuple[float, int, int, Hashable]] = []
@@ -104,6 +106,8 @@ class EvictionQueue:
         if item is None:
             return False
         item.pins += 1
+        if item.pins == 1:
+            self.pinned_bytes += item.nbytes
         return True
 
     def unpin(self, key: Hashable) -> None:
@@ -111,6 +115,10 @@ class EvictionQueue:
         item = self._items.get(key)
         if item is not None and item.pins > 0:
             item.pins -= 1
+            if item.pins == 0:
+                self.pinned_bytes -= item.nbytes
+                # its heap entry was dropped while it was pinned
+                self._push(item)
 
     def remove(self, key: Hashable) -> Item | None:
         """Remove ``key`` regardless of policy (pins included); the removed item or None."""
@@ -134,21 +142,26 @@ class EvictionQueue:
         assert total == self.used_bytes, (total, self.used_bytes)
         assert self.used_bytes <= self.capacity, (self.used_bytes, self.capacity)
         assert all(item.pins >= 0 for item in self._items.values())
+        pinned = sum(item.nbytes for item in self._items.values() if item.pins)
+        assert pinned == self.pinned_bytes, (pinned, self.pinned_bytes)
 
     def _can_fit(self, nbytes: int) -> bool:
         if self.used_bytes + nbytes <= self.capacity:
             return True
-        pinned = sum(item.nbytes for item in self._items.values() if item.pins)
-        return pinned + nbytes <= self.capacity
+        return self.pinned_bytes + nbytes <= self.capacity
 
     def _add(self, item: Item) -> None:
         self._items[item.key] = item
         self.used_bytes += item.nbytes
+        if item.pins:
+            self.pinned_bytes += item.nbytes
         self._push(item)
 
     def _drop(self, item: Item) -> None:
         del self._items[item.key]
         self.used_bytes -= item.nbytes
+        if item.pins:
+            self.pinned_bytes -= item.nbytes
         # entries left in the heap are stale now
         item.stamp += 1
 
@@ -169,19 +182,14 @@ class EvictionQueue:
 
     def _evict_from_heap(self, goal: float) -> list[Item]:
         evicted: list[Item] = []
-        pinned: list[tuple[float, int, int, Hashable]] = []
         while self.used_bytes > goal and self._heap:
             entry = heapq.heappop(self._heap)
             item = self._items.get(entry[3])
-            if item is None or item.stamp != entry[2]:
-                continue
-            if item.pins:
-                pinned.append(entry)
+            # stale entry, or pinned: unpin() pushes a fresh entry when the last pin goes
+            if item is None or item.stamp != entry[2] or item.pins:
                 continue
             self._drop(item)
             evicted.append(item)
-        for entry in pinned:
-            heapq.heappush(self._heap, entry)
         return evicted
 
     def _evict_by_order(self, goal: float) -> list[Item]:

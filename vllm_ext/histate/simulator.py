@@ -1,0 +1,292 @@
+"""Trace-driven discrete-event simulator of one serving instance with HiState's tiers.
+
+It runs the very classes the connector uses (:class:`~vllm_ext.histate.tiers.TieredCache`,
+:class:`~vllm_ext.histate.queue.EvictionQueue`, the policies and
+:func:`~vllm_ext.histate.lookup.longest_hit`); only time and bytes are modelled
+(:mod:`vllm_ext.histate.costmodel`).
+
+Instance: prefills are served FCFS one at a time (a compute-bound prefill
+batch has the same throughput); decodes run beside them and only decide when
+a session's next turn arrives (closed loop: ``delay_s`` after the last token).
+A request's TTFT = queueing + loading its hit (host KV blocks over PCIe, one
+snapshot from its tier) + prefill of the tokens after the hit.
+
+Device tier (every variant): vLLM's own hybrid prefix cache in align mode, one
+LRU over KV blocks and snapshots (snapshots at prefill-chunk ends, the prompt
+end and the decode end); blocks of running requests are pinned. Variants:
+
+- ``native``: the device tier only;
+- ``lru`` / ``marconi`` / ``histate``: plus host + SSD tiers under that policy.
+  Every computed KV block is written through to host memory; snapshots the
+  policy admits (every ``snapshot_interval_blocks``, prompt end, decode end,
+  branch points) go to host memory and spill to the SSD.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from vllm_ext.histate.config import HiStateConfig
+from vllm_ext.histate.costmodel import CostModel
+from vllm_ext.histate.lookup import longest_hit, recompute_tokens, snapshot_positions
+from vllm_ext.histate.policy import BRANCH, Item, Kind, LruPolicy, kv_key, snap_key
+from vllm_ext.histate.queue import EvictionQueue
+from vllm_ext.histate.tiers import TieredCache
+from vllm_ext.histate.traces import Trace, TraceRequest
+
+VARIANTS = ("native", "lru", "marconi", "histate")
+_ARRIVE, _PREFILLED, _DECODED = 0, 1, 2
+
+
+class InstanceSim:
+    """One simulated instance running ``trace`` under ``variant``.
+
+    Args:
+        trace: requests (closed-loop per session).
+        cost: timing and capacities; its ``host_bytes``/``ssd_bytes`` and
+            calibration override the config's.
+        variant: ``native`` or a policy name.
+        config: HiState settings (time weight, alpha, interval, slack).
+    """
+
+    def __init__(self, trace: Trace, cost: CostModel, variant: str, config: HiStateConfig):
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+        self.trace, self.cost, self.variant, self.B = trace, cost, variant, trace.block_size
+        self.kv_bytes, self.state_bytes = cost.kv_block_bytes(self.B), cost.state_bytes
+        cfg = dataclasses.replace(
+            config, policy=variant if variant != "native" else "lru",
+            host_bytes=cost.host_bytes, ssd_bytes=cost.ssd_bytes,
+            prefill_s_per_token=cost.prefill_s_per_token,
+            prefill_s_per_token2=cost.prefill_s_per_token2,
+        )  # fmt: skip
+        self.config = cfg
+        self.device = EvictionQueue(LruPolicy(cfg), cost.device_bytes)
+        self.tiers = None if variant == "native" else TieredCache(cfg, keep_payloads=False)
+        # first child seen after each block: the prefix tree for Marconi's branch points
+        self.child: dict[str, str] = {}
+        self.stats: dict[str, float] = dict.fromkeys(
+            ("hit_tokens", "prompt_tokens", "computed_tokens", "recomputed_tokens",
+             "host_kv_read_bytes", "host_snapshot_read_bytes", "ssd_snapshot_read_bytes",
+             "ssd_write_bytes", "spills_dropped", "device_insert_failures", "busy_s",
+             "hits_device", "hits_host", "hits_ssd", "misses"), 0.0)  # fmt: skip
+        self.ttft: list[float] = []
+        # (session id, turn) -> blocks reused by that request
+        self.hit_blocks: dict[tuple[str, int], int] = {}
+        self._ssd_free_at = 0.0
+        # device keys pinned by each running request (vLLM holds its blocks until it finishes)
+        self._running: dict[tuple[str, int], list[str]] = {}
+
+    def run(self) -> dict[str, Any]:
+        """Simulate the whole trace; the metrics (see :func:`summarize`)."""
+        sessions: dict[str, list[TraceRequest]] = {}
+        for req in self.trace.requests:
+            sessions.setdefault(req.session_id, []).append(req)
+        events: list[tuple[float, int, int, Any]] = []
+        seq = 0
+        for turns in sessions.values():
+            turns.sort(key=lambda r: r.turn)
+            events.append((turns[0].arrival_s, seq, _ARRIVE, turns[0]))
+            seq += 1
+        heapq.heapify(events)
+        waiting: deque[tuple[float, TraceRequest]] = deque()
+        busy = False
+        now = 0.0
+        while events:
+            now, _, kind, data = heapq.heappop(events)
+            if kind == _ARRIVE:
+                waiting.append((now, data))
+            elif kind == _PREFILLED:
+                req, arrival, hit_blocks, pins = data
+                busy = False
+                self.ttft.append(now - arrival)
+                self._finish_prefill(req, hit_blocks, pins, now)
+                decode_end = now + req.output_tokens * self.cost.decode_s_per_token
+                heapq.heappush(events, (decode_end, seq, _DECODED, req))
+                seq += 1
+            else:
+                self._finish_decode(data, now)
+                turns = sessions[data.session_id]
+                if data.turn + 1 < len(turns):
+                    nxt = turns[data.turn + 1]
+                    heapq.heappush(events, (now + nxt.delay_s, seq, _ARRIVE, nxt))
+                    seq += 1
+            if not busy and waiting:
+                arrival, req = waiting.popleft()
+                done, payload = self._start(req, arrival, now)
+                heapq.heappush(events, (done, seq, _PREFILLED, payload))
+                seq += 1
+                busy = True
+        return summarize(self, makespan=now)
+
+    def _kv_tier(self, block_hash: str) -> str | None:
+        key = kv_key(block_hash)
+        if key in self.device:
+            return "device"
+        return self.tiers.tier_of(key) if self.tiers is not None else None
+
+    def _snap_tier(self, block_hash: str) -> str | None:
+        key = snap_key(block_hash)
+        if key in self.device:
+            return "device"
+        return self.tiers.tier_of(key) if self.tiers is not None else None
+
+    def _start(self, req: TraceRequest, arrival: float, now: float):
+        P, B = req.prompt_tokens, self.B
+        chain = req.blocks
+        hit = longest_hit(chain, self._kv_tier, self._snap_tier, max_blocks=(P - 1) // B)
+        load = sum(self.kv_bytes for t in hit.kv_tiers if t == "host") / self.cost.h2d_bytes_per_s
+        pins: list[str] = []
+        if hit.blocks:
+            load += self.cost.snapshot_read_seconds(hit.snapshot_tier)
+            tier_key = "ssd_snapshot_read_bytes" if hit.snapshot_tier == "ssd" else (
+                "host_snapshot_read_bytes" if hit.snapshot_tier == "host" else None)  # fmt: skip
+            if tier_key:
+                self.stats[tier_key] += self.state_bytes
+            self.stats["host_kv_read_bytes"] += self.kv_bytes * hit.kv_tiers.count("host")
+            self.stats[f"hits_{hit.snapshot_tier}"] += 1
+            if self.tiers is not None:
+                # a hit being read is pinned in its tier until the prefill ends
+                for key in [snap_key(chain[hit.blocks - 1])] + [
+                    kv_key(h) for h, t in zip(chain, hit.kv_tiers, strict=False) if t == "host"
+                ]:
+                    if self.tiers.pin(key):
+                        pins.append(key)
+                        self.tiers.touch(key, now)
+        else:
+            self.stats["misses"] += 1
+        self._running[(req.session_id, req.turn)] = []
+        self.hit_blocks[(req.session_id, req.turn)] = hit.blocks
+        self._device_put(req, chain[: hit.blocks], (), now)
+        hit_tokens = hit.blocks * B
+        compute = self.cost.prefill_seconds(P - hit_tokens, P)
+        self.stats["hit_tokens"] += hit_tokens
+        self.stats["prompt_tokens"] += P
+        self.stats["computed_tokens"] += P - hit_tokens
+        self.stats["recomputed_tokens"] += max(0, P - req.new_tokens - hit_tokens)
+        self.stats["busy_s"] += load + compute
+        return now + load + compute, (req, arrival, hit.blocks, pins)
+
+    def _branch_point(self, chain: tuple[str, ...], limit: int) -> int | None:
+        for j in range(1, limit):
+            first = self.child.get(chain[j - 1])
+            if first is None:
+                return None
+            if first != chain[j]:
+                return j
+        return None
+
+    def _finish_prefill(self, req: TraceRequest, hit_blocks: int, pins: list[str], now: float):
+        if self.tiers is not None:
+            for key in pins:
+                self.tiers.unpin(key)
+        pb = req.prompt_tokens // self.B
+        branch = self._branch_point(req.blocks, pb)
+        native = snapshot_positions(pb, max(1, self.cost.chunk_tokens // self.B), prompt_end=pb)
+        ours = snapshot_positions(pb, self.config.snapshot_interval_blocks, prompt_end=pb,
+                                  branch=branch)  # fmt: skip
+        self._store(req, 0, pb, hit_blocks, native, ours, now)
+
+    def _finish_decode(self, req: TraceRequest, now: float) -> None:
+        pb, n = req.prompt_tokens // self.B, len(req.blocks)
+        ours = snapshot_positions(n, self.config.snapshot_interval_blocks, decode_end=n)
+        native = {n: "decode_end"} if n else {}
+        self._store(req, pb, n, pb, native, ours, now)
+        # the request's device blocks are released (vLLM frees them at finish)
+        for key in self._running.pop((req.session_id, req.turn)):
+            self.device.unpin(key)
+
+    def _store(self, req, first: int, upto: int, computed_from: int, native, ours, now):
+        """Cache blocks ``first..upto-1`` and the snapshots the request produced."""
+        chain = req.blocks
+        for j in range(max(1, first), upto):
+            self.child.setdefault(chain[j - 1], chain[j])
+        new_native = [p for p in native if computed_from < p <= upto]
+        self._device_put(req, chain[first:upto], [chain[p - 1] for p in new_native], now)
+        if self.tiers is None:
+            return
+        admitted = [p for p, why in ours.items() if computed_from < p <= upto
+                    and self.tiers.admit(why)]  # fmt: skip
+        have = [p for p in range(1, upto + 1) if self._snap_tier(chain[p - 1]) is not None]
+        per_block, per_snap = recompute_tokens(upto, sorted(set(have) | set(admitted)), self.B)
+        # tail first: at equal times the tail is evicted first, as in vLLM's free queue
+        for j in reversed(range(upto)):
+            self._tier_put(kv_key(chain[j]), Kind.KV, self.kv_bytes, now, per_block[j], j + 1)
+        for p in sorted(per_snap, reverse=True):
+            key = snap_key(chain[p - 1])
+            if p in admitted or self.tiers.tier_of(key) is not None:
+                self._tier_put(key, Kind.SNAPSHOT, self.state_bytes, now, per_snap[p], p)
+
+    def _tier_put(self, key: str, kind: Kind, nbytes: int, now: float, tokens: int, pos: int):
+        result = self.tiers.store(key, kind, nbytes, now, recompute_tokens=tokens,
+                                  position=pos * self.B)  # fmt: skip
+        for item in result.spilled:
+            start = max(self._ssd_free_at, now)
+            end = start + item.nbytes / self.cost.ssd_write_bytes_per_s
+            if end - now > self.cost.ssd_max_backlog_s:
+                # the write queue is full: the spill is dropped, a future miss
+                self.tiers.remove(item.key)
+                self.stats["spills_dropped"] += 1
+                continue
+            self._ssd_free_at = end
+            self.stats["ssd_write_bytes"] += item.nbytes
+
+    def _device_put(self, req: TraceRequest, blocks, snapshots, now: float) -> None:
+        pinned = self._running[(req.session_id, req.turn)]
+        for h in reversed(blocks):
+            key = kv_key(h)
+            if not self.device.touch(key, now):
+                ok, _ = self.device.insert(Item(key, Kind.KV, self.kv_bytes, now))
+                if not ok:
+                    self.stats["device_insert_failures"] += 1
+                    continue
+            self.device.pin(key)
+            pinned.append(key)
+        for h in snapshots:
+            key = snap_key(h)
+            if not self.device.touch(key, now):
+                ok, _ = self.device.insert(Item(key, Kind.SNAPSHOT, self.state_bytes, now))
+                self.stats["device_insert_failures"] += 0 if ok else 1
+
+
+def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
+    """Latency percentiles, hit rates per tier, recompute and bytes per tier."""
+    ttft = np.asarray(sim.ttft)
+    s = sim.stats
+    n = len(ttft)
+    out: dict[str, Any] = {
+        "requests": n,
+        "ttft_p50_s": float(np.percentile(ttft, 50)) if n else None,
+        "ttft_p90_s": float(np.percentile(ttft, 90)) if n else None,
+        "ttft_p99_s": float(np.percentile(ttft, 99)) if n else None,
+        "ttft_mean_s": float(ttft.mean()) if n else None,
+        "token_hit_rate": s["hit_tokens"] / s["prompt_tokens"] if s["prompt_tokens"] else 0.0,
+        "utilization": s["busy_s"] / makespan if makespan else 0.0,
+        "makespan_s": makespan,
+    }
+    for tier in ("device", "host", "ssd"):
+        out[f"hit_rate_{tier}"] = s[f"hits_{tier}"] / n if n else 0.0
+    out["miss_rate"] = s["misses"] / n if n else 0.0
+    for key in ("computed_tokens", "recomputed_tokens", "host_kv_read_bytes",
+                "host_snapshot_read_bytes", "ssd_snapshot_read_bytes", "ssd_write_bytes",
+                "spills_dropped", "device_insert_failures"):  # fmt: skip
+        out[key] = s[key]
+    if sim.tiers is not None:
+        out["host_used_bytes"] = sim.tiers.host.used_bytes
+        out["ssd_used_bytes"] = sim.tiers.ssd.used_bytes
+        out["host_snapshots"] = sum(1 for i in sim.tiers.host if i.kind is Kind.SNAPSHOT)
+        out["ssd_snapshots"] = len(sim.tiers.ssd)
+    return out
+
+
+def simulate(trace: Trace, cost: CostModel, variant: str, config: HiStateConfig | None = None):
+    """Run one variant on ``trace``; its metrics."""
+    return InstanceSim(trace, cost, variant, config or HiStateConfig()).run()
+
+
+__all__ = ["BRANCH", "VARIANTS", "InstanceSim", "simulate", "summarize"]
