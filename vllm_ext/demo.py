@@ -77,6 +77,29 @@ def system_args(plugins: list[str]) -> list[str]:
     return ["--additional-config", json.dumps(additional)] if additional else []
 
 
+DEMO_ITEM = {
+    "context": "Support ticket: my March invoice was charged twice and I want a refund.",
+    "questions": ["Is this about billing?", "Is the customer asking for a refund?",
+                  "Is this about a login problem?"],
+}  # fmt: skip
+
+
+def flide_lines(server) -> list[str]:
+    """Classify three questions about one ticket in one packed pass over HTTP."""
+    import urllib.request
+
+    body = json.dumps({"labels": [" yes", " no"], "items": [DEMO_ITEM]}).encode()
+    req = urllib.request.Request(server.base_url + "/v1/flide/classify", data=body,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        results = json.loads(resp.read())["results"]
+    lines = ["", "Flide: one packed pass, " + DEMO_ITEM["context"]]
+    for question, result in zip(DEMO_ITEM["questions"], results, strict=True):
+        lines.append(f"  {question:<40} -> {result['label'].strip()} "
+                     f"(p={result['probs'][result['label']]:.2f})")  # fmt: skip
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-ext demo", description=__doc__)
     parser.add_argument("--requests", type=int, default=16)
@@ -105,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     with VllmServer(str(model), serve_args, launcher="vllm-ext", log_path=log) as server:
         records = run_trace_sync(server.base_url, "smollm2", requests, desc="demo requests")
         counters = extension_counters(server.get("/metrics"))
+        extra = flide_lines(server) if "flide" in plugins else []
     summary = summarize(records)
-    for line in summary_lines(summary, counters, plugins):
+    for line in summary_lines(summary, counters, plugins) + extra:
         _emit(line)
     return 0 if summary["error_count"] == 0 else 1
 

@@ -18,6 +18,7 @@ import vllm_ext
 # modules allowed to import vLLM (adapters); everything else must not
 ADAPTERS = {
     "vllm_ext.common.prom",
+    "vllm_ext.flide.api",
     "vllm_ext.flide.forward",
     "vllm_ext.flide.worker",
     "vllm_ext.leap.connector",

@@ -160,3 +160,15 @@ def test_cli_dry_run_for_leap_prints_everything_leap_needs():
     assert "--load-format leap" in out
     assert "VLLM_USE_V2_MODEL_RUNNER=0" in out
     assert '"kv_connector": "LeapConnector"' in out
+
+
+def test_flide_adds_its_worker_extension_and_allowlists_its_route():
+    from vllm_ext.launcher import SYSTEMS
+
+    plan = compose("m", ["flide", "leap"], [], {}, general_plugins=["vllm_ext", "leap"])
+    argv = list(plan.argv)
+    ext = argv.index("--worker-extension-cls")
+    assert argv[ext + 1] == "vllm_ext.flide.worker.FlideWorkerExtension"
+    assert plan.env["VLLM_PLUGINS"].split(",") == ["vllm_ext", "leap", "flide"]
+    with pytest.raises(LaunchError, match="worker RPC"):
+        compose("m", ["flide"], ["--worker-extension-cls", "other.Ext"], {}, systems=SYSTEMS)

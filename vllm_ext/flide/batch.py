@@ -100,8 +100,15 @@ def validate_items(
                 )
 
 
-def pack_items(items: Sequence[Item], labels: Sequence[Sequence[int]]) -> PackedBatch:
-    """Build the packed sequence for ``items`` scored against ``labels`` (validated)."""
+def pack_items(
+    items: Sequence[Item], labels: Sequence[Sequence[int]], isolate: bool = True
+) -> PackedBatch:
+    """Build the packed sequence for ``items`` scored against ``labels`` (validated).
+
+    ``isolate=False`` is naive packing, kept as a benchmark baseline: each
+    question continues from the previous one (one causal sequence), so later
+    questions see, and are disturbed by, earlier ones.
+    """
     segments: list[Sequence[int]] = []
     parents: list[int] = []
     # per question: its segment, and per label the segment of its continuation
@@ -112,10 +119,12 @@ def pack_items(items: Sequence[Item], labels: Sequence[Sequence[int]]) -> Packed
         ctx = len(segments)
         segments.append(item.context)
         parents.append(-1)
+        previous = ctx
         for question in item.questions:
             q = len(segments)
             segments.append(question)
-            parents.append(ctx)
+            parents.append(ctx if isolate else previous)
+            previous = q
             question_seg.append(q)
             question_item.append(i)
             conts = []

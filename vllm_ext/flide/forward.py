@@ -16,6 +16,7 @@ disturb requests the engine is serving.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -29,6 +30,7 @@ from vllm_ext.flide.batch import PackedBatch
 from vllm_ext.flide.packing import PackedLayout, key_start, lineage_window
 from vllm_ext.flide.recurrent import DeltaRule, gdn_gating, lineage_conv, segmented_delta_rule
 from vllm_ext.kernels.packed_attention import packed_attention
+from vllm_ext.kernels.packed_attention.sdpa import packed_attention_by_segment
 
 # architectures whose packed pass is tested against separate computation
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3NextForCausalLM")
@@ -52,9 +54,14 @@ class PackedAttention(nn.Module):
         q = query.view(-1, self.num_heads, self.head_size)
         k = key.view(-1, self.num_kv_heads, self.head_size)
         v = value.view(-1, self.num_kv_heads, self.head_size_v)
-        out = packed_attention(
-            q, k, v, self.layout.segment_of, self.layout.visible, self.scale, self.starts
-        )
+        layout = self.layout
+        if q.is_cuda or os.environ.get("VLLM_EXT_KERNELS_FORCE_REF") == "1":
+            out = packed_attention(q, k, v, layout.segment_of, layout.visible, self.scale,
+                                   self.starts)  # fmt: skip
+        else:
+            out = packed_attention_by_segment(
+                q, k, v, layout.starts, layout.ends, layout.parent, self.scale
+            )
         return out.reshape(q.shape[0], self.num_heads * self.head_size_v)
 
 

@@ -24,7 +24,8 @@ class FlideWorkerExtension:
 
         Args:
             payload: ``{"items": [[context_ids, [question_ids, ...]], ...],
-                "labels": [label_ids, ...]}`` (token ids).
+                "labels": [label_ids, ...]}`` (token ids); ``"isolate": False``
+                packs naively (one causal sequence), for benchmarks only.
 
         Returns:
             ``[Q][L]`` summed label log-probabilities, questions in input order.
@@ -35,6 +36,6 @@ class FlideWorkerExtension:
         labels = validate_labels(payload["labels"], config.model_config.get_vocab_size())
         items = [Item(tuple(ctx), tuple(tuple(q) for q in qs)) for ctx, qs in payload["items"]]
         validate_items(items, labels, config.model_config.max_model_len)
-        batch = pack_items(items, labels)
+        batch = pack_items(items, labels, isolate=payload.get("isolate", True))
         logp = label_logprobs(batch, packed_logprobs(model, config, batch).cpu())
         return logp.tolist()

@@ -29,6 +29,11 @@ def packed_attention_sdpa(
             start of its root segment); narrows each chunk's key range.
         chunk: query rows per SDPA call.
     """
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # CPUs without bf16 units (AVX2) run SDPA faster in fp32, and it accumulates better
+        out = packed_attention_sdpa(q.float(), k.float(), v.float(), segment_of, visible, scale,
+                                    key_start, chunk)  # fmt: skip
+        return out.to(q.dtype)
     num_tokens = q.shape[0]
     group = q.shape[1] // k.shape[1]
     # [H, T, D] layout for SDPA; expand kv heads once for grouped-query attention
@@ -44,5 +49,56 @@ def packed_attention_sdpa(
         mask = (keys[None, :] <= rows[:, None]) & visible[segment_of[rows]][:, segment_of[keys]]
         out[:, lo:hi] = F.scaled_dot_product_attention(
             qh[:, lo:hi], kh[:, first:hi], vh[:, first:hi], attn_mask=mask, scale=scale
+        )
+    return out.transpose(0, 1)
+
+
+def packed_attention_by_segment(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    parent: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Same result as :func:`packed_attention_sdpa` for a parent-first layout, in linear cost.
+
+    One SDPA call per segment, over only the keys it sees: its ancestors'
+    tokens (all earlier, fully visible) then its own (causal). Work grows with
+    the number of questions, not with their square as a dense mask's does.
+
+    Args:
+        starts, ends: ``[S]`` token range of every segment; ``parent``: ``[S]`` (``-1`` = root).
+    """
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # see packed_attention_sdpa: fp32 is faster on CPUs without bf16 units
+        out = packed_attention_by_segment(q.float(), k.float(), v.float(), starts, ends, parent,
+                                          scale)  # fmt: skip
+        return out.to(q.dtype)
+    group = q.shape[1] // k.shape[1]
+    qh = q.transpose(0, 1)
+    kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
+    vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+    out = torch.empty_like(qh)
+    bounds = list(zip(starts.tolist(), ends.tolist(), strict=True))
+    parents = parent.tolist()
+    for seg, (lo, hi) in enumerate(bounds):
+        ancestors, p = [], parents[seg]
+        while p >= 0:
+            ancestors.append(torch.arange(*bounds[p], device=q.device))
+            p = parents[p]
+        if not ancestors:
+            out[:, lo:hi] = F.scaled_dot_product_attention(
+                qh[:, lo:hi], kh[:, lo:hi], vh[:, lo:hi], is_causal=True, scale=scale
+            )
+            continue
+        keys = torch.cat([*ancestors[::-1], torch.arange(lo, hi, device=q.device)])
+        n_anc = keys.numel() - (hi - lo)
+        own = torch.arange(hi - lo, device=q.device)
+        mask = torch.ones(hi - lo, keys.numel(), dtype=torch.bool, device=q.device)
+        mask[:, n_anc:] = own[None, :] <= own[:, None]
+        out[:, lo:hi] = F.scaled_dot_product_attention(
+            qh[:, lo:hi], kh[:, keys], vh[:, keys], attn_mask=mask, scale=scale
         )
     return out.transpose(0, 1)

@@ -1,0 +1,193 @@
+"""Flide vs what a vLLM user does today: many yes/no questions over one shared context.
+
+Workload: BFCL multi-turn tasks. The shared context is a task's tool schemas
+(the JSON a server puts before every request, truncated to the swept context
+length); the questions are BFCL user turns ("Request: ... Does this request
+need a tool call? Answer:"), labels `` yes`` / `` no``. Model: the tiny
+Qwen3-Next hybrid (Gated DeltaNet + attention, bf16, CPU). Variants, on the
+same questions in one run:
+
+- ``vllm_apc``: one request per question, context as a shared prefix, prefix
+  caching on (the context already cached by a warm-up: vLLM's best case), one
+  generated token restricted to the labels, with logprobs;
+- ``vllm_no_apc``: the same without prefix caching;
+- ``naive_packing``: context and all questions in one causal sequence, read at
+  each question's end (no masks, no state restart: shows the drift);
+- ``flide``: one packed pass, masked attention, GDN restarted per question.
+
+Metrics: questions/s and seconds per batch (median of ``--repeats``), tokens
+computed per batch, and agreement of each variant's classes with separate
+computation (``vllm_no_apc`` is that computation). Headline: Flide vs
+``vllm_apc`` questions/s at 64 questions per context (target ≥ 9.5×).
+
+Run: ``python -m benchmarks.flide [--quick]`` (~3 min on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from tqdm import tqdm  # noqa: E402
+from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
+
+from vllm_ext.assets import model_path  # noqa: E402
+from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result  # noqa: E402
+from vllm_ext.datasets.bfcl import load_multi_turn, shared_prefix  # noqa: E402
+from vllm_ext.flide.classifier import WORKER_EXTENSION, PackedClassifier  # noqa: E402
+
+NAME = "flide_bfcl"
+MODEL = "tiny-hybrid"
+LABELS = [" yes", " no"]
+ENGINE = dict(dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=1 << 30,
+              max_model_len=4096, seed=0, max_num_batched_tokens=8192)  # fmt: skip
+
+
+def workload(num_questions: int, context_tokens: int, tokenizer):
+    """(context ids, [question ids]) from BFCL: tool schemas + user turns."""
+    tasks = load_multi_turn("base")
+    context = shared_prefix(tasks[0])
+    ids = tokenizer.encode(context)[:context_tokens]
+    turns = [m["content"] for t in tasks for turn in t.turns for m in turn if m["role"] == "user"]
+    questions = []
+    for n in range(num_questions):
+        text = (
+            f"\nRequest: {turns[n % len(turns)][:200]}\nDoes this request need a tool call? Answer:"
+        )
+        questions.append(tokenizer.encode(text, add_special_tokens=False))
+    return ids, questions
+
+
+def time_it(fn, repeats: int):
+    times, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), out
+
+
+def run_vllm(llm, ctx, questions, label_first, repeats):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=label_first,
+                            logprobs=len(label_first))  # fmt: skip
+    prompts = [TokensPrompt(prompt_token_ids=ctx + q) for q in questions]
+    llm.generate(prompts[:1], params, use_tqdm=False)  # warm: the context is now cached
+    secs, outs = time_it(lambda: llm.generate(prompts, params, use_tqdm=False), repeats)
+    classes = [label_first.index(o.outputs[0].token_ids[0]) for o in outs]
+    cached = outs[-1].num_cached_tokens or 0
+    tokens = sum(len(ctx) + len(q) for q in questions) - cached * len(questions)
+    return secs, classes, tokens
+
+
+def run_packed(llm, ctx, questions, repeats, isolate: bool):
+    clf = PackedClassifier(llm, LABELS)
+    payload = {"items": [[ctx, questions]], "labels": [list(x) for x in clf.label_ids],
+               "isolate": isolate}  # fmt: skip
+    secs, logp = time_it(lambda: llm.collective_rpc("flide_classify", args=(payload,))[0], repeats)
+    classes = [max(range(len(row)), key=row.__getitem__) for row in logp]
+    return secs, classes, len(ctx) + sum(len(q) for q in questions)
+
+
+def agreement(a, b):
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def measure(llm, variants, points, tok, label_first, repeats, desc) -> dict[str, list[dict]]:
+    """Run every variant on every (questions, context tokens) point on one engine."""
+    rows: dict[str, list[dict]] = {name: [] for name in variants}
+    for nq, nctx in tqdm(points, desc=desc):
+        ctx, qs = workload(nq, nctx, tok)
+        for name in variants:
+            if name.startswith("vllm"):
+                secs, classes, tokens = run_vllm(llm, ctx, qs, label_first, repeats)
+            else:
+                secs, classes, tokens = run_packed(llm, ctx, qs, repeats, name == "flide")
+            rows[name].append({"questions_per_context": nq, "context_tokens": len(ctx),
+                               "questions_per_s": nq / secs, "seconds_per_batch": secs,
+                               "tokens_computed": tokens, "classes": classes})  # fmt: skip
+    return rows
+
+
+def engine(**kwargs):
+    from vllm import LLM
+
+    return LLM(model=str(model_path(MODEL)), worker_extension_cls=WORKER_EXTENSION,
+               **ENGINE, **kwargs)  # fmt: skip
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer points, 1 repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+    sweep_q = [4, 64] if args.quick else [1, 4, 16, 64, 256]
+    sweep_ctx = [1024] if args.quick else [512, 1024, 2048]
+    points = [(q, 1024) for q in sweep_q] + [(64, c) for c in sweep_ctx if c != 1024]
+    llm = engine(enable_prefix_caching=True)
+    tok = llm.get_tokenizer()
+    label_first = [tok.encode(label, add_special_tokens=False)[0] for label in LABELS]
+    rows = measure(llm, ("vllm_apc", "naive_packing", "flide"), points, tok, label_first,
+                   repeats, "flide bench (prefix caching on)")  # fmt: skip
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
+    llm = engine(enable_prefix_caching=False)
+    rows |= measure(llm, ("vllm_no_apc",), points, tok, label_first, repeats,
+                    "flide bench (prefix caching off)")  # fmt: skip
+    result = build_result(rows, points, args)
+    write_result(result, args.out)
+    h = result.headline
+    sys.stdout.write(
+        f"{h['metric']}: flide {h['ours']:.1f} vs {h['baseline_name']} {h['baseline']:.1f} "
+        f"(ratio {h['ratio']:.2f}); target {h['target']}\n"
+    )
+    return 0
+
+
+def build_result(rows, points, args) -> BenchResult:
+    exact = [point["classes"] for point in rows["vllm_no_apc"]]
+    for series in rows.values():
+        for point, ref in zip(series, exact, strict=True):
+            point["class_agreement_vs_separate"] = agreement(point.pop("classes"), ref)
+    head_index = points.index((64, 1024))
+    top = {name: {k: v for k, v in series[head_index].items()} for name, series in rows.items()}
+    return BenchResult(
+        name=NAME,
+        description=__doc__.split("\n\n")[0],
+        variants=top,
+        headline=make_headline(
+            "questions_per_s",
+            top["flide"]["questions_per_s"],
+            top["vllm_apc"]["questions_per_s"],
+            "vllm_apc",
+            higher_is_better=True,
+            target=9.5,
+        ),  # fmt: skip
+        fingerprint=collect_fingerprint(),
+        config={
+            "model": MODEL,
+            "labels": LABELS,
+            "engine": ENGINE,
+            "repeats": args.repeats,
+            "quick": args.quick,
+            "points": points,
+        },  # fmt: skip
+        series={name: [dict(p) for p in series] for name, series in rows.items()},
+        sweep_axis="questions_per_context",
+        plot_metric="questions_per_s",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
