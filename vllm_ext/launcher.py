@@ -58,6 +58,15 @@ SYSTEMS: dict[str, SystemLaunch] = {
         # the probe maps batch rows to requests through the V1 model runner
         env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
     ),
+    "flide": SystemLaunch(
+        "flide",
+        allowlist=("flide",),
+        flags=("--worker-extension-cls", "vllm_ext.flide.worker.FlideWorkerExtension"),
+        flag_reasons={
+            "--worker-extension-cls": "Flide runs its packed pass through a worker RPC: it "
+            "needs --worker-extension-cls vllm_ext.flide.worker.FlideWorkerExtension",
+        },
+    ),
 }
 
 
