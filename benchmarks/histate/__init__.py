@@ -1,0 +1,1 @@
+"""HiState benchmarks: ``python -m benchmarks.histate.sim`` (calibrated simulator)."""
