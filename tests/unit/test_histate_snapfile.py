@@ -144,3 +144,51 @@ def test_delete_and_vanished_file(store):
     assert store.delete("k") and "k" not in store and not store.delete("k")
     os.unlink(store.path("v"))
     assert store.get("v") is None and "v" not in store
+
+
+def test_file_deleted_between_check_and_read_is_a_miss(monkeypatch, store):
+    store.put("k", b"data")
+    real_open = open
+
+    def evicting_open(path, *args, **kwargs):
+        # a concurrent eviction lands between the index check and the read
+        os.unlink(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(snapfile, "open", evicting_open, raising=False)
+    assert store.get("k") is None and "k" not in store
+
+
+_WRITER = """
+import sys
+from vllm_ext.histate.snapfile import SnapshotStore
+store = SnapshotStore(sys.argv[1], sys.argv[2])
+i = 0
+while True:
+    store.put(f"k{i}", bytes([i % 251]) * (1 << 18))
+    i += 1
+"""
+
+
+def test_kill_9_during_writes_leaves_only_valid_files(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), NS])
+    ns_dir = tmp_path / f"ns-{namespace_id(namespace=NS)}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(ns_dir.glob("*.snap"))) < 3:
+            time.sleep(0.01)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    store = SnapshotStore(tmp_path, NS)
+    assert len(store) >= 3
+    for key in store.keys():
+        i = int(key[1:])
+        assert store.get(key) == bytes([i % 251]) * (1 << 18)
+    assert store.counters.value("ssd_corrupt") == 0
+    assert not list(ns_dir.glob("*.tmp"))

@@ -127,3 +127,37 @@ def test_recompute_tokens_accounting():
     # best hit 5; blocks 0,1 fall back to 0 -> 50; blocks 2..4 to snapshot 2 -> 30; block 5 none
     assert per_block == [50, 50, 30, 30, 30, 0]
     assert per_snap == {2: 20, 5: 30}
+
+
+def test_concurrent_store_and_load_keep_invariants(tmp_path):
+    import threading
+
+    store = SnapshotStore(tmp_path, "ns", fsync=False)
+    cache = TieredCache(_cfg(host_bytes=40, ssd_bytes=200), ssd_store=store)
+    errors: list[BaseException] = []
+
+    def writer(offset):
+        try:
+            for i in range(200):
+                key = f"snap:{offset + i % 37}"
+                cache.store(key, Kind.SNAPSHOT, 10, float(i), payload=key.encode().ljust(10))
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    def reader():
+        try:
+            for i in range(400):
+                key = f"snap:{i % 74}"
+                data = cache.load(key)
+                assert data is None or data == key.encode().ljust(10)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(o,)) for o in (0, 37)]
+    threads.append(threading.Thread(target=reader))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    cache.check_invariants()
