@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from vllm_ext.histate.config import HiStateConfig
-from vllm_ext.histate.lookup import MISS, longest_hit, recompute_tokens, snapshot_positions
+from vllm_ext.histate.lookup import (
+    MISS,
+    BranchTracker,
+    longest_hit,
+    recompute_tokens,
+    snapshot_positions,
+)
 from vllm_ext.histate.policy import Kind
 from vllm_ext.histate.snapfile import SnapshotStore
 from vllm_ext.histate.tiers import HOST, SSD, TieredCache
@@ -161,3 +167,14 @@ def test_concurrent_store_and_load_keep_invariants(tmp_path):
         t.join()
     assert not errors, errors
     cache.check_invariants()
+
+
+def test_branch_points_only_where_a_seen_path_diverges():
+    tree = BranchTracker()
+    tree.observe(["a", "b", "c"])
+    # the next turn extends the same path: no branch
+    assert tree.branch_point(["a", "b", "c", "d"], 4) is None
+    # another sequence shares "a" then diverges at block 1
+    assert tree.branch_point(["a", "x", "y"], 3) == 1
+    assert tree.branch_point(["a", "x", "y"], 1) is None
+    assert tree.branch_point(["z"], 1) is None

@@ -123,3 +123,31 @@ def recompute_tokens(
         per_snapshot[p] = (p - prev) * block_size
         prev = p
     return per_block, per_snapshot
+
+
+class BranchTracker:
+    """First child seen after each block: enough of a prefix tree to find branch points.
+
+    Marconi admits a snapshot where a new sequence leaves a path the cache has
+    seen (a branch point of the radix tree). A request that merely extends
+    an earlier sequence (the next turn of a session) has no branch point.
+    """
+
+    def __init__(self) -> None:
+        self._child: dict[str, str] = {}
+
+    def observe(self, chain: Sequence[str], first: int = 0, upto: int | None = None) -> None:
+        """Record the parent -> child links of blocks ``first..upto-1`` of ``chain``."""
+        upto = len(chain) if upto is None else upto
+        for j in range(max(1, first), upto):
+            self._child.setdefault(chain[j - 1], chain[j])
+
+    def branch_point(self, chain: Sequence[str], limit: int) -> int | None:
+        """Position (in blocks, < ``limit``) where ``chain`` leaves a seen path, or None."""
+        for j in range(1, min(limit, len(chain))):
+            first = self._child.get(chain[j - 1])
+            if first is None:
+                return None
+            if first != chain[j]:
+                return j
+        return None

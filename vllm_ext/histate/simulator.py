@@ -33,7 +33,12 @@ import numpy as np
 
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.costmodel import CostModel
-from vllm_ext.histate.lookup import longest_hit, recompute_tokens, snapshot_positions
+from vllm_ext.histate.lookup import (
+    BranchTracker,
+    longest_hit,
+    recompute_tokens,
+    snapshot_positions,
+)
 from vllm_ext.histate.policy import BRANCH, Item, Kind, LruPolicy, kv_key, snap_key
 from vllm_ext.histate.queue import EvictionQueue
 from vllm_ext.histate.tiers import TieredCache
@@ -68,8 +73,8 @@ class InstanceSim:
         self.config = cfg
         self.device = EvictionQueue(LruPolicy(cfg), cost.device_bytes)
         self.tiers = None if variant == "native" else TieredCache(cfg, keep_payloads=False)
-        # first child seen after each block: the prefix tree for Marconi's branch points
-        self.child: dict[str, str] = {}
+        # the prefix tree for Marconi's branch points
+        self.branches = BranchTracker()
         self.stats: dict[str, float] = dict.fromkeys(
             ("hit_tokens", "prompt_tokens", "computed_tokens", "recomputed_tokens",
              "host_kv_read_bytes", "host_snapshot_read_bytes", "ssd_snapshot_read_bytes",
@@ -172,21 +177,12 @@ class InstanceSim:
         self.stats["busy_s"] += load + compute
         return now + load + compute, (req, arrival, hit.blocks, pins)
 
-    def _branch_point(self, chain: tuple[str, ...], limit: int) -> int | None:
-        for j in range(1, limit):
-            first = self.child.get(chain[j - 1])
-            if first is None:
-                return None
-            if first != chain[j]:
-                return j
-        return None
-
     def _finish_prefill(self, req: TraceRequest, hit_blocks: int, pins: list[str], now: float):
         if self.tiers is not None:
             for key in pins:
                 self.tiers.unpin(key)
         pb = req.prompt_tokens // self.B
-        branch = self._branch_point(req.blocks, pb)
+        branch = self.branches.branch_point(req.blocks, pb)
         native = snapshot_positions(pb, max(1, self.cost.chunk_tokens // self.B), prompt_end=pb)
         ours = snapshot_positions(pb, self.config.snapshot_interval_blocks, prompt_end=pb,
                                   branch=branch)  # fmt: skip
@@ -204,8 +200,7 @@ class InstanceSim:
     def _store(self, req, first: int, upto: int, computed_from: int, native, ours, now):
         """Cache blocks ``first..upto-1`` and the snapshots the request produced."""
         chain = req.blocks
-        for j in range(max(1, first), upto):
-            self.child.setdefault(chain[j - 1], chain[j])
+        self.branches.observe(chain, first, upto)
         new_native = [p for p in native if computed_from < p <= upto]
         self._device_put(req, chain[first:upto], [chain[p - 1] for p in new_native], now)
         if self.tiers is None:
