@@ -15,10 +15,8 @@ import torch
 
 from vllm_ext.flide.packing import key_start, pack_segments
 from vllm_ext.kernels.packed_attention.ref import packed_attention_ref
-from vllm_ext.kernels.packed_attention.sdpa import (
-    packed_attention_by_segment,
-    packed_attention_sdpa,
-)
+from vllm_ext.kernels.packed_attention.blocks import packed_attention_blocks
+from vllm_ext.kernels.packed_attention.sdpa import packed_attention_sdpa
 
 # (segment lengths, parents): contexts with questions, a label continuation, lone roots,
 # segments shorter and longer than a tile, one long shared context
@@ -49,7 +47,7 @@ def implementations(device: str):
         "sdpa": lambda q, k, v, lay, s: packed_attention_sdpa(
             q, k, v, lay.segment_of.to(q.device), lay.visible.to(q.device), s,
             key_start(lay).to(q.device), chunk=32),
-        "by_segment": lambda q, k, v, lay, s: packed_attention_by_segment(
+        "blocks": lambda q, k, v, lay, s: packed_attention_blocks(
             q, k, v, lay.starts, lay.ends, lay.parent, s),
     }  # fmt: skip
     from vllm_ext.kernels.packed_attention import triton as tri

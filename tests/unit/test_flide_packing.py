@@ -119,12 +119,12 @@ def test_malformed_segments_raise(bad):
         pack_segments(tokens, parents)
 
 
-def test_by_segment_attention_equals_the_reference():
-    from vllm_ext.kernels.packed_attention.sdpa import packed_attention_by_segment
+def test_block_attention_equals_the_reference():
+    from vllm_ext.kernels.packed_attention.blocks import packed_attention_blocks
 
     torch.manual_seed(1)
     layout = pack_segments(SEGMENTS, PARENTS)
     q, k, v = (torch.randn(layout.num_tokens, h, 16) for h in (4, 2, 2))
     ref = packed_attention_ref(q, k, v, layout.segment_of, layout.visible, 0.25)
-    out = packed_attention_by_segment(q, k, v, layout.starts, layout.ends, layout.parent, 0.25)
+    out = packed_attention_blocks(q, k, v, layout.starts, layout.ends, layout.parent, 0.25)
     torch.testing.assert_close(out, ref)

@@ -25,11 +25,11 @@ def test_triton_kernel_in_the_interpreter_equals_the_reference():
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     checked = {line.split()[0] for line in out.stdout.splitlines()}
-    assert checked == {"sdpa/float32", "by_segment/float32", "triton/float32"}
+    assert checked == {"sdpa/float32", "blocks/float32", "triton/float32"}
 
 
 def test_sdpa_paths_equal_the_reference_without_triton():
     from tests.kernel_cases import check
 
     worst = check("cpu")
-    assert {"sdpa/float32", "by_segment/float32"} <= set(worst)
+    assert {"sdpa/float32", "blocks/float32"} <= set(worst)

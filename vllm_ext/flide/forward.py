@@ -30,7 +30,7 @@ from vllm_ext.flide.batch import PackedBatch
 from vllm_ext.flide.packing import PackedLayout, key_start, lineage_window
 from vllm_ext.flide.recurrent import DeltaRule, gdn_gating, lineage_conv, segmented_delta_rule
 from vllm_ext.kernels.packed_attention import packed_attention
-from vllm_ext.kernels.packed_attention.sdpa import packed_attention_by_segment
+from vllm_ext.kernels.packed_attention.blocks import packed_attention_blocks
 
 # architectures whose packed pass is tested against separate computation
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3NextForCausalLM")
@@ -59,7 +59,7 @@ class PackedAttention(nn.Module):
             out = packed_attention(q, k, v, layout.segment_of, layout.visible, self.scale,
                                    self.starts)  # fmt: skip
         else:
-            out = packed_attention_by_segment(
+            out = packed_attention_blocks(
                 q, k, v, layout.starts, layout.ends, layout.parent, self.scale
             )
         return out.reshape(q.shape[0], self.num_heads * self.head_size_v)

@@ -68,13 +68,22 @@ def lineage_conv(
     Returns:
         ``[T, C]`` in ``x.dtype``.
     """
-    acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for tap in range(weight.shape[1]):
-        src = window[:, tap]
-        rows = x[src.clamp(min=0)].float() * (src >= 0).unsqueeze(1)
-        acc += rows * weight[:, tap].float()
-    if bias is not None:
-        acc += bias.float()
+    num_tokens, width = x.shape[0], weight.shape[1]
+    w = weight.float()
+    b = bias.float() if bias is not None else None
+    # one plain causal convolution over the packed sequence is right for every token
+    # whose window stays inside its own segment (zero padding before the first token)
+    padded = F.pad(x.float().t()[None], (width - 1, 0))
+    acc = F.conv1d(padded, w[:, None, :], b, groups=w.shape[0])[0].t()
+    # only the first width - 1 tokens of a segment read elsewhere: their lineage
+    plain = torch.arange(num_tokens, device=x.device)[:, None] - (width - 1)
+    plain = plain + torch.arange(width, device=x.device)[None, :]
+    rows = (window != plain.clamp(min=-1)).any(dim=1).nonzero().squeeze(1)
+    if rows.numel():
+        src = window[rows]
+        taps = x[src.clamp(min=0)].float() * (src >= 0).unsqueeze(2)  # [R, W, C]
+        fixed = torch.einsum("rwc,cw->rc", taps, w)
+        acc[rows] = fixed + b if b is not None else fixed
     out = acc.to(x.dtype)
     return F.silu(out) if activation in ("silu", "swish") else out
 
