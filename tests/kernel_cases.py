@@ -14,8 +14,8 @@ import sys
 import torch
 
 from vllm_ext.flide.packing import key_start, pack_segments
-from vllm_ext.kernels.packed_attention.ref import packed_attention_ref
 from vllm_ext.kernels.packed_attention.blocks import packed_attention_blocks
+from vllm_ext.kernels.packed_attention.ref import packed_attention_ref
 from vllm_ext.kernels.packed_attention.sdpa import packed_attention_sdpa
 
 # (segment lengths, parents): contexts with questions, a label continuation, lone roots,

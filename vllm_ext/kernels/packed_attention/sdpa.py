@@ -51,4 +51,3 @@ def packed_attention_sdpa(
             qh[:, lo:hi], kh[:, first:hi], vh[:, first:hi], attn_mask=mask, scale=scale
         )
     return out.transpose(0, 1)
-
