@@ -102,7 +102,7 @@ def _descendant_rows(bounds, parents: list[int], device) -> dict[int, torch.Tens
 
 
 def _attend(q, k, v, causal: bool, scale: float):
-    """``(out, lse)`` of softmax attention; q ``[..., H, Lq, D]`` against k, v ``[..., H, Lk, D]``."""
+    """``(out, lse)`` of attention of q ``[..., H, Lq, D]`` over k, v ``[..., H, Lk, D]``."""
     squeeze = q.dim() == 3
     if squeeze:
         q, k, v = q[None], k[None], v[None]
