@@ -192,3 +192,10 @@ def test_kill_9_during_writes_leaves_only_valid_files(tmp_path):
         assert store.get(key) == bytes([i % 251]) * (1 << 18)
     assert store.counters.value("ssd_corrupt") == 0
     assert not list(ns_dir.glob("*.tmp"))
+
+
+def test_unusable_directory_is_refused_at_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ValueError, match="not usable"):
+        SnapshotStore(blocker / "sub", NS)

@@ -39,7 +39,7 @@ from vllm_ext.histate.lookup import (
     recompute_tokens,
     snapshot_positions,
 )
-from vllm_ext.histate.policy import BRANCH, Item, Kind, LruPolicy, kv_key, snap_key
+from vllm_ext.histate.policy import Item, Kind, LruPolicy, kv_key, snap_key
 from vllm_ext.histate.queue import EvictionQueue
 from vllm_ext.histate.tiers import TieredCache
 from vllm_ext.histate.traces import Trace, TraceRequest
@@ -284,4 +284,4 @@ def simulate(trace: Trace, cost: CostModel, variant: str, config: HiStateConfig 
     return InstanceSim(trace, cost, variant, config or HiStateConfig()).run()
 
 
-__all__ = ["BRANCH", "VARIANTS", "InstanceSim", "simulate", "summarize"]
+__all__ = ["VARIANTS", "InstanceSim", "simulate", "summarize"]

@@ -135,7 +135,11 @@ class SnapshotStore:
         self._lock = threading.Lock()
         # key -> payload bytes of files known to be complete under their final name
         self._index: dict[str, int] = {}
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # a bad folder is a configuration error: refuse at start, not per request
+            raise ValueError(f"HiState SSD directory {directory!s} is not usable: {exc}") from exc
         self._remove_stale_temps()
         self.rebuild_index()
 
