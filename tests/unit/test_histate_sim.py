@@ -8,7 +8,7 @@ import pytest
 
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.costmodel import GB, CostModel
-from vllm_ext.histate.simulator import InstanceSim, simulate
+from vllm_ext.histate.simulator import VARIANTS, InstanceSim, simulate
 from vllm_ext.histate.traces import (
     Trace,
     TraceRequest,
@@ -118,7 +118,7 @@ def test_empty_trace():
     assert simulate(empty, CostModel(), "histate")["requests"] == 0
 
 
-@pytest.mark.parametrize("variant", ["native", "lru", "marconi", "histate"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_no_leaked_pins_and_consistent_accounting_after_a_run(small_trace, variant):
     cost = _cost(device_bytes=1 * GB, host_bytes=2 * GB, ssd_bytes=10 * GB)
     sim = InstanceSim(small_trace, cost, variant, HiStateConfig())
@@ -128,3 +128,17 @@ def test_no_leaked_pins_and_consistent_accounting_after_a_run(small_trace, varia
     if sim.tiers is not None:
         sim.tiers.check_invariants()
         assert sim.tiers.host.pinned_bytes == 0 and sim.tiers.ssd.pinned_bytes == 0
+
+
+@pytest.mark.parametrize("variant", ["marconi", "marconi_device", "histate", "native"])
+def test_decode_end_snapshot_inside_the_prompt_block_is_kept(variant):
+    """Turn 0 decodes 1 token without crossing a block boundary; turn 1 still hits 2 blocks."""
+    chain = block_chain([("p", 10), ("o", 1), ("n", 5), ("o2", 1)], 4)
+    t0 = TraceRequest("s", 0, 0.0, 0.0, 10, 10, 1, tuple(chain[:2]))
+    t1 = TraceRequest("s", 1, 1.0, 1.0, 16, 5, 1, tuple(chain[:4]))
+    trace = Trace("tiny", 4, (t0, t1), {})
+    device = 0 if variant in ("marconi", "histate") else 10**12
+    cost = _cost(device_bytes=device, kv_bytes_per_token=1, state_bytes=8, host_bytes=10**6)
+    sim = InstanceSim(trace, cost, variant, HiStateConfig())
+    sim.run()
+    assert sim.hit_blocks[("s", 1)] == 2

@@ -16,6 +16,9 @@ LRU over KV blocks and snapshots (snapshots at prefill-chunk ends, the prompt
 end and the decode end); blocks of running requests are pinned. Variants:
 
 - ``native``: the device tier only;
+- ``marconi_device``: Marconi as published, managing the device tier alone
+  (its admission replaces vLLM's chunk/prompt-end snapshots; its eviction
+  replaces the LRU);
 - ``lru`` / ``marconi`` / ``histate``: plus host + SSD tiers under that policy.
   Every computed KV block is written through to host memory; snapshots the
   policy admits (every ``snapshot_interval_blocks``, prompt end, decode end,
@@ -39,12 +42,14 @@ from vllm_ext.histate.lookup import (
     recompute_tokens,
     snapshot_positions,
 )
-from vllm_ext.histate.policy import Item, Kind, LruPolicy, kv_key, snap_key
+from vllm_ext.histate.policy import Item, Kind, LruPolicy, MarconiPolicy, kv_key, snap_key
 from vllm_ext.histate.queue import EvictionQueue
 from vllm_ext.histate.tiers import TieredCache
 from vllm_ext.histate.traces import Trace, TraceRequest
 
-VARIANTS = ("native", "lru", "marconi", "histate")
+VARIANTS = ("native", "marconi_device", "lru", "marconi", "histate")
+# variants without host/SSD tiers
+DEVICE_ONLY = ("native", "marconi_device")
 _ARRIVE, _PREFILLED, _DECODED = 0, 1, 2
 
 
@@ -64,15 +69,20 @@ class InstanceSim:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         self.trace, self.cost, self.variant, self.B = trace, cost, variant, trace.block_size
         self.kv_bytes, self.state_bytes = cost.kv_block_bytes(self.B), cost.state_bytes
+        policy = {"native": "lru", "marconi_device": "marconi"}.get(variant, variant)
         cfg = dataclasses.replace(
-            config, policy=variant if variant != "native" else "lru",
+            config, policy=policy,
             host_bytes=cost.host_bytes, ssd_bytes=cost.ssd_bytes,
             prefill_s_per_token=cost.prefill_s_per_token,
             prefill_s_per_token2=cost.prefill_s_per_token2,
         )  # fmt: skip
         self.config = cfg
-        self.device = EvictionQueue(LruPolicy(cfg), cost.device_bytes)
-        self.tiers = None if variant == "native" else TieredCache(cfg, keep_payloads=False)
+        if variant == "marconi_device":
+            # Marconi as published: its admission and eviction manage device memory
+            self.device = EvictionQueue(MarconiPolicy(cfg), cost.device_bytes, cfg.evict_slack)
+        else:
+            self.device = EvictionQueue(LruPolicy(cfg), cost.device_bytes)
+        self.tiers = None if variant in DEVICE_ONLY else TieredCache(cfg, keep_payloads=False)
         # the prefix tree for Marconi's branch points
         self.branches = BranchTracker()
         self.stats: dict[str, float] = dict.fromkeys(
@@ -184,6 +194,8 @@ class InstanceSim:
         pb = req.prompt_tokens // self.B
         branch = self.branches.branch_point(req.blocks, pb)
         native = snapshot_positions(pb, max(1, self.cost.chunk_tokens // self.B), prompt_end=pb)
+        if self.variant == "marconi_device":
+            native = {branch: "branch"} if branch else {}
         ours = snapshot_positions(pb, self.config.snapshot_interval_blocks, prompt_end=pb,
                                   branch=branch)  # fmt: skip
         self._store(req, 0, pb, hit_blocks, native, ours, now)
@@ -192,7 +204,9 @@ class InstanceSim:
         pb, n = req.prompt_tokens // self.B, len(req.blocks)
         ours = snapshot_positions(n, self.config.snapshot_interval_blocks, decode_end=n)
         native = {n: "decode_end"} if n else {}
-        self._store(req, pb, n, pb, native, ours, now)
+        # the block-aligned state "at the last decoded token" may lie inside the
+        # prompt (no block boundary crossed while decoding): count from the hit
+        self._store(req, pb, n, self.hit_blocks[(req.session_id, req.turn)], native, ours, now)
         # the request's device blocks are released (vLLM frees them at finish)
         for key in self._running.pop((req.session_id, req.turn)):
             self.device.unpin(key)
@@ -203,6 +217,8 @@ class InstanceSim:
         self.branches.observe(chain, first, upto)
         new_native = [p for p in native if computed_from < p <= upto]
         self._device_put(req, chain[first:upto], [chain[p - 1] for p in new_native], now)
+        if self.variant == "marconi_device":
+            self._device_recompute(chain, upto, now)
         if self.tiers is None:
             return
         admitted = [p for p, why in ours.items() if computed_from < p <= upto
@@ -216,6 +232,15 @@ class InstanceSim:
             key = snap_key(chain[p - 1])
             if p in admitted or self.tiers.tier_of(key) is not None:
                 self._tier_put(key, Kind.SNAPSHOT, self.state_bytes, now, per_snap[p], p)
+
+    def _device_recompute(self, chain, upto: int, now: float) -> None:
+        """Marconi on the device ranks items by FLOPs saved: give them recompute facts."""
+        have = [p for p in range(1, upto + 1) if snap_key(chain[p - 1]) in self.device]
+        per_block, per_snap = recompute_tokens(upto, have, self.B)
+        for j in reversed(range(upto)):
+            self.device.touch(kv_key(chain[j]), now, per_block[j], (j + 1) * self.B)
+        for p, tokens in per_snap.items():
+            self.device.touch(snap_key(chain[p - 1]), now, tokens, p * self.B)
 
     def _tier_put(self, key: str, kind: Kind, nbytes: int, now: float, tokens: int, pos: int):
         result = self.tiers.store(key, kind, nbytes, now, recompute_tokens=tokens,
