@@ -115,3 +115,34 @@ def test_bad_input_is_rejected_and_the_engine_keeps_serving(model):
     out = llm.generate(["The capital of France is"], SamplingParams(max_tokens=4), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
     assert clf.classify([{"context": CONTEXT, "questions": QUESTIONS[:1]}])[0].id == "0.0"
+
+
+def test_jsonl_cli_classifies_every_good_line_and_names_bad_ones(model, tmp_path):
+    import json
+
+    from vllm_ext.flide.cli import classify_lines, read_items
+
+    name, llm = model
+    clf = PackedClassifier(llm, LABELS)
+    good = {"context": CONTEXT, "questions": [QUESTIONS[0], {"id": "own", "text": QUESTIONS[1]}]}
+    lines = [json.dumps(good), "{not json", json.dumps({"context": CONTEXT, "questions": []}),
+             "", json.dumps({"context": CONTEXT, "questions": [{"id": "a", "text": "x"},
+                                                               {"id": "a", "text": "y"}]}),
+             json.dumps({"context": "Trains run late.", "questions": ["Late?"]})]  # fmt: skip
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    records = list(classify_lines(clf, read_items(path), items_per_call=8))
+    assert [r["line"] for r in records] == [1, 2, 3, 5, 6]
+    assert "not valid JSON" in records[1]["error"]
+    assert "non-empty list" in records[2]["error"]
+    assert "duplicate question id 'a'" in records[3]["error"]
+    first = records[0]["results"]
+    assert [r["id"] for r in first] == ["0", "own"]
+    alone = clf.classify([good])
+    for got, ref in zip(first, alone, strict=True):
+        assert got["label"] == ref.label
+        for label in LABELS:
+            assert got["logprobs"][label] == pytest.approx(
+                ref.logprobs[label], abs=TOLERANCE[name] / 10
+            )
+    assert records[4]["results"][0]["label"] in LABELS
