@@ -179,3 +179,16 @@ def test_random_operations_keep_invariants():
             q.check_invariants()
             for key in pinned:
                 assert key in q, f"{name}: pinned item {key} evicted"
+
+
+def test_config_is_frozen_and_documented():
+    import dataclasses
+
+    from vllm_ext.common.config import config_table
+
+    cfg = HiStateConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.time_weight = 3.0
+    table = config_table(HiStateConfig, "histate")
+    for f in dataclasses.fields(HiStateConfig):
+        assert f.metadata["doc"] and f"`VLLM_EXT_HISTATE_{f.name.upper()}`" in table
