@@ -178,3 +178,10 @@ def test_branch_points_only_where_a_seen_path_diverges():
     assert tree.branch_point(["a", "x", "y"], 3) == 1
     assert tree.branch_point(["a", "x", "y"], 1) is None
     assert tree.branch_point(["z"], 1) is None
+
+
+def test_no_ssd_store_means_no_ssd_tier_when_payloads_are_real():
+    cache = TieredCache(_cfg(host_bytes=10, ssd_bytes=100))
+    cache.store("snap:a", Kind.SNAPSHOT, 10, 0.0, payload=b"A" * 10)
+    result = cache.store("snap:b", Kind.SNAPSHOT, 10, 1.0, payload=b"B" * 10)
+    assert [i.key for i in result.evicted] == ["snap:a"] and cache.tier_of("snap:a") is None

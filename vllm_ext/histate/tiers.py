@@ -69,7 +69,10 @@ class TieredCache:
             ssd_store.counters if ssd_store is not None else new_counters()
         )
         self.ssd_store = ssd_store
-        ssd_cap = config.ssd_bytes if config.spill_to_ssd else 0
+        # without files an SSD tier holding real payloads would offer hits it cannot
+        # serve: only the simulator (no payloads) keeps an accounting-only SSD tier
+        has_ssd = config.spill_to_ssd and (ssd_store is not None or not keep_payloads)
+        ssd_cap = config.ssd_bytes if has_ssd else 0
         self.host = EvictionQueue(self.policy, config.host_bytes, config.evict_slack)
         self.ssd = EvictionQueue(self.policy, ssd_cap, config.evict_slack)
         self._payloads: dict[str, bytes] | None = {} if keep_payloads else None
