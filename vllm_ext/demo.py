@@ -79,8 +79,9 @@ def system_args(plugins: list[str]) -> list[str]:
 
 DEMO_ITEM = {
     "context": "Support ticket: my March invoice was charged twice and I want a refund.",
-    "questions": ["Is this about billing?", "Is the customer asking for a refund?",
-                  "Is this about a login problem?"],
+    "questions": ["\nQuestion: Is this about billing?\nAnswer:",
+                  "\nQuestion: Is the customer asking for a refund?\nAnswer:",
+                  "\nQuestion: Is this about a login problem?\nAnswer:"],
 }  # fmt: skip
 
 
@@ -95,6 +96,7 @@ def flide_lines(server) -> list[str]:
         results = json.loads(resp.read())["results"]
     lines = ["", "Flide: one packed pass, " + DEMO_ITEM["context"]]
     for question, result in zip(DEMO_ITEM["questions"], results, strict=True):
+        question = question.split("Question: ")[1].split("\n")[0]
         lines.append(f"  {question:<40} -> {result['label'].strip()} "
                      f"(p={result['probs'][result['label']]:.2f})")  # fmt: skip
     return lines
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     _emit(f"Starting vllm-ext serve (log: {log}) ...")
     with VllmServer(str(model), serve_args, launcher="vllm-ext", log_path=log) as server:
         records = run_trace_sync(server.base_url, "smollm2", requests, desc="demo requests")
-        counters = extension_counters(server.get("/metrics"))
         extra = flide_lines(server) if "flide" in plugins else []
+        counters = extension_counters(server.get("/metrics"))
     summary = summarize(records)
     for line in summary_lines(summary, counters, plugins) + extra:
         _emit(line)

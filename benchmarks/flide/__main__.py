@@ -1,11 +1,11 @@
 """Flide vs what a vLLM user does today: many yes/no questions over one shared context.
 
-Workload: BFCL multi-turn tasks. The shared context is a task's tool schemas
-(the JSON a server puts before every request, truncated to the swept context
-length); the questions are BFCL user turns ("Request: ... Does this request
-need a tool call? Answer:"), labels `` yes`` / `` no``. Model: the tiny
-Qwen3-Next hybrid (Gated DeltaNet + attention, bf16, CPU). Variants, on the
-same questions in one run:
+Workloads (:mod:`benchmarks.flide.workloads`): BFCL tool schemas + user
+turns ("does this request need a tool call?"), swept over questions per
+context and context length; a few-shot header + ShareGPT messages; a long
+ShareGPT conversation + short questions. Labels `` yes`` / `` no``. Model: the
+tiny Qwen3-Next hybrid (Gated DeltaNet + attention, bf16, CPU). Variants, on
+the same questions in one run:
 
 - ``vllm_apc``: one request per question, context as a shared prefix, prefix
   caching on (the context already cached by a warm-up: vLLM's best case), one
@@ -37,31 +37,17 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 from tqdm import tqdm  # noqa: E402
 from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa: E402
 
+from benchmarks.flide.workloads import build  # noqa: E402
 from vllm_ext.assets import model_path  # noqa: E402
 from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result  # noqa: E402
-from vllm_ext.datasets.bfcl import load_multi_turn, shared_prefix  # noqa: E402
 from vllm_ext.flide.classifier import WORKER_EXTENSION, PackedClassifier  # noqa: E402
 
-NAME = "flide_bfcl"
+NAME = "flide"
 MODEL = "tiny-hybrid"
 LABELS = [" yes", " no"]
+HEADLINE_POINT = ("bfcl", 64, 1024)
 ENGINE = dict(dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=1 << 30,
               max_model_len=4096, seed=0, max_num_batched_tokens=8192)  # fmt: skip
-
-
-def workload(num_questions: int, context_tokens: int, tokenizer):
-    """(context ids, [question ids]) from BFCL: tool schemas + user turns."""
-    tasks = load_multi_turn("base")
-    context = shared_prefix(tasks[0])
-    ids = tokenizer.encode(context)[:context_tokens]
-    turns = [m["content"] for t in tasks for turn in t.turns for m in turn if m["role"] == "user"]
-    questions = []
-    for n in range(num_questions):
-        text = (
-            f"\nRequest: {turns[n % len(turns)][:200]}\nDoes this request need a tool call? Answer:"
-        )
-        questions.append(tokenizer.encode(text, add_special_tokens=False))
-    return ids, questions
 
 
 def time_it(fn, repeats: int):
@@ -101,17 +87,22 @@ def agreement(a, b):
     return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
 
+def point_name(workload: str, nq: int, nctx: int) -> str:
+    return f"{workload} {nq}q/{nctx}t"
+
+
 def measure(llm, variants, points, tok, label_first, repeats, desc) -> dict[str, list[dict]]:
-    """Run every variant on every (questions, context tokens) point on one engine."""
+    """Run every variant on every (workload, questions, context tokens) point on one engine."""
     rows: dict[str, list[dict]] = {name: [] for name in variants}
-    for nq, nctx in tqdm(points, desc=desc):
-        ctx, qs = workload(nq, nctx, tok)
+    for workload, nq, nctx in tqdm(points, desc=desc):
+        ctx, qs = build(workload, nq, nctx, tok)
         for name in variants:
             if name.startswith("vllm"):
                 secs, classes, tokens = run_vllm(llm, ctx, qs, label_first, repeats)
             else:
                 secs, classes, tokens = run_packed(llm, ctx, qs, repeats, name == "flide")
-            rows[name].append({"questions_per_context": nq, "context_tokens": len(ctx),
+            rows[name].append({"point": point_name(workload, nq, nctx), "workload": workload,
+                               "questions_per_context": nq, "context_tokens": len(ctx),
                                "questions_per_s": nq / secs, "seconds_per_batch": secs,
                                "tokens_computed": tokens, "classes": classes})  # fmt: skip
     return rows
@@ -133,7 +124,9 @@ def main(argv=None) -> int:
     repeats = 1 if args.quick else args.repeats
     sweep_q = [4, 64] if args.quick else [1, 4, 16, 64, 256]
     sweep_ctx = [1024] if args.quick else [512, 1024, 2048]
-    points = [(q, 1024) for q in sweep_q] + [(64, c) for c in sweep_ctx if c != 1024]
+    points = [("bfcl", q, 1024) for q in sweep_q]
+    points += [("bfcl", 64, c) for c in sweep_ctx if c != 1024]
+    points += [("fewshot", 64, 1024)] + ([] if args.quick else [("sharegpt", 64, 2048)])
     llm = engine(enable_prefix_caching=True)
     tok = llm.get_tokenizer()
     label_first = [tok.encode(label, add_special_tokens=False)[0] for label in LABELS]
@@ -160,7 +153,7 @@ def build_result(rows, points, args) -> BenchResult:
     for series in rows.values():
         for point, ref in zip(series, exact, strict=True):
             point["class_agreement_vs_separate"] = agreement(point.pop("classes"), ref)
-    head_index = points.index((64, 1024))
+    head_index = points.index(HEADLINE_POINT)
     top = {name: {k: v for k, v in series[head_index].items()} for name, series in rows.items()}
     return BenchResult(
         name=NAME,
@@ -184,7 +177,7 @@ def build_result(rows, points, args) -> BenchResult:
             "points": points,
         },  # fmt: skip
         series={name: [dict(p) for p in series] for name, series in rows.items()},
-        sweep_axis="questions_per_context",
+        sweep_axis="point",
         plot_metric="questions_per_s",
     )
 
