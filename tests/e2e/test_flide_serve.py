@@ -2,8 +2,8 @@
 
 One real server (tiny Qwen3-Next hybrid, multiprocess engine): the endpoint
 plugin in the API server, the worker extension in the worker. Results equal
-the Python interface's exactness-tested ones (same packed pass); bad input is
-a 400 naming the problem, and the server keeps answering.
+the same server's own ``prompt_logprobs`` on each context + question + label
+alone; bad input is a 400 naming the problem, and the server keeps answering.
 """
 
 from __future__ import annotations
@@ -96,3 +96,30 @@ def test_the_same_server_still_generates(server):
     client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
     out = client.completions.create(model="tiny", prompt="Hello", max_tokens=3, temperature=0)
     assert out.usage.completion_tokens == 3
+
+
+def test_http_results_equal_vllms_own_logprobs_on_each_question_alone(server):
+    """Reference: the same server's /v1/completions ``prompt_logprobs`` on context+question+label."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_path("tiny-hybrid")))
+    status, body = post(server, {"labels": LABELS, "items": [ITEM]})
+    assert status == 200, body
+    context = tok.encode(ITEM["context"])
+    for question, result in zip(["Did the cat sit?", "Was the mat cold?"], body["results"],
+                                strict=True):  # fmt: skip
+        for label in LABELS:
+            label_ids = tok.encode(label, add_special_tokens=False)
+            prompt = context + tok.encode(question, add_special_tokens=False) + label_ids
+            req = urllib.request.Request(
+                server.base_url + "/v1/completions",
+                data=json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1,
+                                 "prompt_logprobs": 0}).encode(),  # fmt: skip
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                steps = json.loads(resp.read())["choices"][0]["prompt_logprobs"]
+            start = len(prompt) - len(label_ids)
+            ref = sum(steps[start + m][str(t)]["logprob"] for m, t in enumerate(label_ids))
+            # bf16 hybrid: the documented tolerance of tests/engine/test_flide_engine.py
+            assert result["logprobs"][label] == pytest.approx(ref, abs=0.05), (question, label)
