@@ -99,7 +99,7 @@ def test_the_same_server_still_generates(server):
 
 
 def test_http_results_equal_vllms_own_logprobs_on_each_question_alone(server):
-    """Reference: the same server's /v1/completions ``prompt_logprobs`` on context+question+label."""
+    """Reference: the server's own /v1/completions ``prompt_logprobs`` on context+question+label."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_path("tiny-hybrid")))
@@ -113,8 +113,9 @@ def test_http_results_equal_vllms_own_logprobs_on_each_question_alone(server):
             prompt = context + tok.encode(question, add_special_tokens=False) + label_ids
             req = urllib.request.Request(
                 server.base_url + "/v1/completions",
-                data=json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 1,
-                                 "prompt_logprobs": 0}).encode(),  # fmt: skip
+                data=json.dumps(
+                    {"model": "tiny", "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0}
+                ).encode(),  # fmt: skip
                 headers={"Content-Type": "application/json"},
             )
             with urllib.request.urlopen(req, timeout=120) as resp:
