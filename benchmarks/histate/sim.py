@@ -17,11 +17,13 @@ the vLLM connector uses:
   snapshots in one queue) and SSD (snapshots) under that policy.
 
 Ablations at the headline load: HiState's time/token weight ``w`` (0 =
-recency per byte only) and Marconi's ``alpha`` (its paper tunes it per
-workload). Headline: HiState vs the best-alpha Marconi, p99 TTFT, agentic
-trace, at the highest swept load at which Marconi's (alpha=1) median TTFT
-stays under 1 s (the load the baseline still sustains; rule fixed before
-looking at HiState's numbers).
+recency per byte only), HiState without releasing the device copies of the
+snapshots it holds (``histate_keep_device``: vLLM's device pool keeps its own
+align-mode snapshots, as without ``vllm_ext.histate.device_pool``), and
+Marconi's ``alpha`` (its paper tunes it per workload). Headline: HiState vs
+the best-alpha Marconi, p99 TTFT, agentic trace, at the highest swept load at
+which Marconi's (alpha=1) median TTFT stays under 1 s (the load the baseline
+still sustains; rule fixed before looking at HiState's numbers).
 
 Run: ``python -m benchmarks.histate.sim`` (~5 min on 2 cores; ``--quick``: ~30 s).
 """
@@ -54,10 +56,11 @@ TRACES = {
 }
 WEIGHTS = (0.0, 1.0, 10.0, 100.0, 1000.0)
 ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
+KEEP_DEVICE = "histate_keep_device"  # ablation: HiState without releasing device snapshot copies
 SHOWN = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "token_hit_rate",
          "hit_rate_device", "hit_rate_host", "hit_rate_ssd", "miss_rate", "recomputed_tokens",
          "host_kv_read_GB", "host_snapshot_read_GB", "ssd_snapshot_read_GB", "ssd_write_GB",
-         "spills_dropped", "utilization")  # fmt: skip
+         "spills_dropped", "device_snapshots_released", "utilization")  # fmt: skip
 
 
 def _shown(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -97,7 +100,11 @@ def run(trace_paths) -> tuple[dict, dict, dict, float]:
         start = time.perf_counter()
         cfg = HiStateConfig(time_weight=knob) if variant == "histate" else HiStateConfig(
             marconi_alpha=knob)  # fmt: skip
-        results[(*key, variant, knob)] = simulate(loaded[key], COST, variant, cfg)
+        if variant == KEEP_DEVICE:  # ablation: snapshots keep their device copies
+            cfg = HiStateConfig(release_device_snapshots=False)
+        results[(*key, variant, knob)] = simulate(
+            loaded[key], COST, "histate" if variant == KEEP_DEVICE else variant, cfg
+        )
         seconds[f"{key[0]}@{key[1]:g}/{variant}/{knob:g}"] = time.perf_counter() - start
 
     for key, variant in tqdm([(k, v) for k in loaded for v in VARIANTS], desc="histate sim"):
@@ -105,6 +112,7 @@ def run(trace_paths) -> tuple[dict, dict, dict, float]:
     head = headline_rate(results, sorted(r for t, r in loaded if t == "agentic"))
     ablations = [("histate", w) for w in WEIGHTS if w != 1.0]
     ablations += [("marconi", a) for a in ALPHAS if a != 1.0]
+    ablations += [(KEEP_DEVICE, 1.0)]
     for variant, knob in tqdm(ablations, desc="histate ablations"):
         sim(("agentic", head), variant, knob)
     sizes = {f"{k[0]}@{k[1]:g}": len(t.requests) for k, t in loaded.items()}
@@ -132,7 +140,9 @@ def build_result(results, seconds, sizes, head, args) -> BenchResult:
         for v in VARIANTS:
             variants[f"{trace}@{rate:g}:{v}"] = _shown(results[(trace, rate, v, 1.0)])
     for (trace, rate, v, knob), m in sorted(results.items()):
-        if knob != 1.0:
+        if v == KEEP_DEVICE:
+            variants[f"{trace}@{rate:g}:{v}"] = _shown(m)
+        elif knob != 1.0:
             name = "w" if v == "histate" else "alpha"
             variants[f"{trace}@{rate:g}:{v}({name}={knob:g})"] = _shown(m)
     series = {}
@@ -189,6 +199,9 @@ def describe(results, rates, head, ratio, alpha) -> str:
     ours = at_head[("histate", 1.0)][METRIC]
     device = at_head[("marconi_device", 1.0)]
     saturated = [v for (v, knob), m in at_head.items() if knob == 1.0 and m["ttft_p50_s"] > 1.0]
+    keep = at_head.get((KEEP_DEVICE, 1.0))
+    keep_text = (f" Without releasing device snapshot copies: p99 {keep[METRIC]:.3g}s "
+                 f"(with: {ours:.3g}s)." if keep else "")  # fmt: skip
     weights = ", ".join(f"w={k:g}: {m[METRIC]:.3g}s" for (v, k), m in sorted(at_head.items())
                         if v == "histate")  # fmt: skip
     return (
@@ -199,9 +212,9 @@ def describe(results, rates, head, ratio, alpha) -> str:
         f"device-only Marconi (as published). Variants whose median TTFT exceeds 1 s at this "
         f"load (saturated: their queue grows through the trace, so ratios against them measure "
         f"overload, not steady state): {', '.join(saturated) or 'none'}. HiState p99 by time "
-        f"weight: {weights}. Marconi(alpha=1, same tiers)-over-HiState p99 ratio at every swept "
-        f"load: {', '.join(per_rate)}. All of it is simulated (cost-model assumptions, not H200 "
-        "measurements)."
+        f"weight: {weights}.{keep_text} Marconi(alpha=1, same tiers)-over-HiState p99 ratio "
+        f"at every swept load: {', '.join(per_rate)}. All of it is simulated (cost-model "
+        "assumptions, not H200 measurements)."
     )
 
 

@@ -142,3 +142,19 @@ def test_decode_end_snapshot_inside_the_prompt_block_is_kept(variant):
     sim = InstanceSim(trace, cost, variant, HiStateConfig())
     sim.run()
     assert sim.hit_blocks[("s", 1)] == 2
+
+
+def test_held_snapshots_release_their_device_copies_only_when_configured(small_trace):
+    cost = _cost(device_bytes=1 * GB, host_bytes=8 * GB, ssd_bytes=100 * GB)
+    released = InstanceSim(small_trace, cost, "histate", HiStateConfig())
+    kept = InstanceSim(small_trace, cost, "histate", HiStateConfig(release_device_snapshots=False))
+    with_release, without = released.run(), kept.run()
+    assert with_release["device_snapshots_released"] > 0
+    assert without["device_snapshots_released"] == 0
+    from vllm_ext.histate.policy import Kind
+
+    def device_snapshots(sim):
+        return sum(item.kind is Kind.SNAPSHOT for item in sim.device)
+
+    assert device_snapshots(released) < device_snapshots(kept)
+    assert with_release["requests"] == without["requests"]

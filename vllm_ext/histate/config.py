@@ -61,6 +61,11 @@ class HiStateConfig:
     )
     spill_to_ssd: bool = option(True, doc="snapshots evicted from host memory go to the SSD")
     fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
+    release_device_snapshots: bool = option(
+        True,
+        doc="drop a snapshot's device copy when its block is freed and HiState holds it "
+        "(device memory stays for KV; a hit loads the snapshot back)",
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

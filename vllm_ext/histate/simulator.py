@@ -89,6 +89,7 @@ class InstanceSim:
             ("hit_tokens", "prompt_tokens", "computed_tokens", "recomputed_tokens",
              "host_kv_read_bytes", "host_snapshot_read_bytes", "ssd_snapshot_read_bytes",
              "ssd_write_bytes", "spills_dropped", "device_insert_failures", "busy_s",
+             "device_snapshots_released",
              "hits_device", "hits_host", "hits_ssd", "misses"), 0.0)  # fmt: skip
         self.ttft: list[float] = []
         # (session id, turn) -> blocks reused by that request
@@ -232,6 +233,12 @@ class InstanceSim:
             key = snap_key(chain[p - 1])
             if p in admitted or self.tiers.tier_of(key) is not None:
                 self._tier_put(key, Kind.SNAPSHOT, self.state_bytes, now, per_snap[p], p)
+        if self.variant == "histate" and self.config.release_device_snapshots:
+            # the connector's device_pool: a held snapshot's device copy is released
+            for p in new_native:
+                key = snap_key(chain[p - 1])
+                if self.tiers.tier_of(key) is not None and self.device.remove(key) is not None:
+                    self.stats["device_snapshots_released"] += 1
 
     def _device_recompute(self, chain, upto: int, now: float) -> None:
         """Marconi on the device ranks items by FLOPs saved: give them recompute facts."""
@@ -294,7 +301,8 @@ def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
     out["miss_rate"] = s["misses"] / n if n else 0.0
     for key in ("computed_tokens", "recomputed_tokens", "host_kv_read_bytes",
                 "host_snapshot_read_bytes", "ssd_snapshot_read_bytes", "ssd_write_bytes",
-                "spills_dropped", "device_insert_failures"):  # fmt: skip
+                "spills_dropped", "device_insert_failures",
+                "device_snapshots_released"):  # fmt: skip
         out[key] = s[key]
     if sim.tiers is not None:
         out["host_used_bytes"] = sim.tiers.host.used_bytes
