@@ -58,6 +58,18 @@ SYSTEMS: dict[str, SystemLaunch] = {
         # the probe maps batch rows to requests through the V1 model runner
         env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
     ),
+    "histate": SystemLaunch(
+        "histate",
+        kv_connector={
+            "kv_connector": "HiStateConnector",
+            "kv_connector_module_path": "vllm_ext.histate.connector",
+        },
+        flags=("--enable-prefix-caching",),
+        flag_reasons={
+            "--enable-prefix-caching": "HiState needs --enable-prefix-caching: hybrid models "
+            "keep block-aligned recurrent states (Mamba align mode) only with prefix caching",
+        },
+    ),
     "flide": SystemLaunch(
         "flide",
         allowlist=("flide",),

@@ -21,6 +21,7 @@ ADAPTERS = {
     "vllm_ext.flide.api",
     "vllm_ext.flide.forward",
     "vllm_ext.flide.worker",
+    "vllm_ext.histate.connector",
     "vllm_ext.histate.device_pool",
     "vllm_ext.leap.connector",
     "vllm_ext.leap.loader",
