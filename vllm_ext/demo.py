@@ -123,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     model = model_path("smollm2")
     requests = sharegpt_requests(args.requests, rate=args.rate, seed=0, max_tokens=args.max_tokens)
     plugins = [p for p in args.plugins.split(",") if p]
-    serve_args = [*CPU_SERVE_ARGS, "--served-model-name", "smollm2", "--plugins", ",".join(plugins)]
+    # HiState needs a hybrid (GDN/Mamba) model: it gets its own step on the tiny hybrid
+    dense = [p for p in plugins if p not in HYBRID_ONLY]
+    serve_args = [*CPU_SERVE_ARGS, "--served-model-name", "smollm2", "--plugins", ",".join(dense)]
     serve_args += system_args(plugins)
     log = Path(tempfile.gettempdir()) / "vllm-ext-demo-serve.log"
     _emit(f"Starting vllm-ext serve (log: {log}) ...")
@@ -132,9 +134,57 @@ def main(argv: list[str] | None = None) -> int:
         extra = flide_lines(server) if "flide" in plugins else []
         counters = extension_counters(server.get("/metrics"))
     summary = summarize(records)
-    for line in summary_lines(summary, counters, plugins) + extra:
+    for line in summary_lines(summary, counters, dense) + extra:
         _emit(line)
+    if "histate" in plugins:
+        for line in histate_lines():
+            _emit(line)
     return 0 if summary["error_count"] == 0 else 1
+
+
+HYBRID_ONLY = ("histate",)
+
+
+def histate_lines() -> list[str]:
+    """Tiny Qwen3-Next hybrid with HiState: a long prompt, the device cache reset, again."""
+    import random
+    import urllib.request
+
+    from vllm_ext.assets import model_path
+    from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
+
+    rng = random.Random(11)
+    prompt = [rng.randrange(100, 30000) for _ in range(900)]
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
+        "VLLM_EXT_HISTATE_DIRECTORY": str(Path(tempfile.mkdtemp(prefix="histate-demo-"))),
+    }
+    # one-block chunks: see the HiState limits in the README (EngineCore mamba block size)
+    args = [*CPU_SERVE_ARGS, "--served-model-name", "tiny", "--plugins", "histate",
+            "--max-num-batched-tokens", "384"]  # fmt: skip
+    log = Path(tempfile.gettempdir()) / "vllm-ext-demo-histate.log"
+    _emit(f"Starting vllm-ext serve --plugins histate on the tiny hybrid (log: {log}) ...")
+    with VllmServer(str(model_path("tiny-hybrid")), args, launcher="vllm-ext", env=env,
+                    log_path=log) as server:  # fmt: skip
+
+        def complete() -> str:
+            body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 8,
+                               "temperature": 0}).encode()  # fmt: skip
+            req = urllib.request.Request(server.base_url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=300) as resp:
+                return json.loads(resp.read())["choices"][0]["text"]
+
+        first = complete()
+        reset = urllib.request.Request(server.base_url + "/reset_prefix_cache", method="POST")
+        urllib.request.urlopen(reset, timeout=60).close()
+        second = complete()
+        counters = extension_counters(server.get("/metrics"))
+    lines = ["", "HiState: a 900-token prompt, vLLM's device prefix cache reset, the prompt again",
+             f"  same answer both times: {first == second}"]  # fmt: skip
+    lines += [f"    {name} = {value:g}" for name, value in sorted(counters.items())
+              if name.startswith("vllm_ext:histate_") and value]  # fmt: skip
+    return lines
 
 
 if __name__ == "__main__":

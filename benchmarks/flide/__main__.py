@@ -121,11 +121,12 @@ def engine(**kwargs):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer points, 1 repeat")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="fewer points (and 1 repeat)")
+    parser.add_argument("--repeats", type=int, help="timed runs per point (default 3; quick 1)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
-    repeats = 1 if args.quick else args.repeats
+    repeats = args.repeats or (1 if args.quick else 3)
+    args.repeats = repeats
     sweep_q = [4, 64] if args.quick else [1, 4, 16, 64, 256]
     sweep_ctx = [1024] if args.quick else [512, 1024, 2048]
     points = [("bfcl", q, 1024) for q in sweep_q]

@@ -100,6 +100,8 @@ def run(trace_paths) -> tuple[dict, dict, dict, float]:
         start = time.perf_counter()
         cfg = HiStateConfig(time_weight=knob) if variant == "histate" else HiStateConfig(
             marconi_alpha=knob)  # fmt: skip
+        if variant == "histate":  # the device-pool release is modelled for HiState
+            cfg = HiStateConfig(time_weight=knob, release_device_snapshots=True)
         if variant == KEEP_DEVICE:  # ablation: snapshots keep their device copies
             cfg = HiStateConfig(release_device_snapshots=False)
         results[(*key, variant, knob)] = simulate(

@@ -146,7 +146,9 @@ def test_decode_end_snapshot_inside_the_prompt_block_is_kept(variant):
 
 def test_held_snapshots_release_their_device_copies_only_when_configured(small_trace):
     cost = _cost(device_bytes=1 * GB, host_bytes=8 * GB, ssd_bytes=100 * GB)
-    released = InstanceSim(small_trace, cost, "histate", HiStateConfig())
+    released = InstanceSim(
+        small_trace, cost, "histate", HiStateConfig(release_device_snapshots=True)
+    )
     kept = InstanceSim(small_trace, cost, "histate", HiStateConfig(release_device_snapshots=False))
     with_release, without = released.run(), kept.run()
     assert with_release["device_snapshots_released"] > 0

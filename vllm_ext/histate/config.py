@@ -62,9 +62,9 @@ class HiStateConfig:
     spill_to_ssd: bool = option(True, doc="snapshots evicted from host memory go to the SSD")
     fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
     release_device_snapshots: bool = option(
-        True,
+        False,
         doc="drop a snapshot's device copy when its block is freed and HiState holds it "
-        "(device memory stays for KV; a hit loads the snapshot back)",
+        "(device memory stays for KV); simulator only for now: the connector refuses it",
     )
 
     def __post_init__(self) -> None:

@@ -155,6 +155,13 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
                 "HiStateConnector supports one worker (tensor and pipeline parallel size 1); "
                 f"got world size {vllm_config.parallel_config.world_size}"
             )
+        if self.config.release_device_snapshots:
+            # vllm_ext.histate.device_pool works alone, but with the connector's loads it
+            # starved vLLM's allocator under preemption (tests/engine/test_histate_faults.py)
+            raise ConfigError(
+                "HiStateConnector does not support release_device_snapshots yet; "
+                "leave it false (it is modelled in the simulator only)"
+            )
         if not vllm_config.cache_config.enable_prefix_caching:
             raise ConfigError("HiStateConnector needs --enable-prefix-caching (Mamba align mode)")
         self.attn_group, self.mamba_group, self.groups = _layout(kv_cache_config)
