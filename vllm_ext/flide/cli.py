@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_ext.flide.classifier import PackedClassifier
 
     classifier = PackedClassifier(args.model, args.labels, config, **engine_args)
-    total = sum(1 for line in args.input.open(encoding="utf-8") if line.strip())
+    with args.input.open(encoding="utf-8") as f:
+        total = sum(1 for line in f if line.strip())
     out = args.output.open("w", encoding="utf-8") if args.output else sys.stdout
     errors = 0
     try:
