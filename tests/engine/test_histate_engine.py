@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import engine
+from vllm_ext.histate.policy import snap_key
 
 MODEL = "tiny-hybrid"
 BLOCK = 384  # tiny-hybrid's hybrid block size with prefix caching (vllm-surface 5.2)
@@ -41,6 +42,7 @@ PROMPTS = {
     "shared_a": SHARED + _tokens(5, 10),
     "shared_b": SHARED + _tokens(6, 50),
     "evicted": _tokens(7, 1000),
+    "released": _tokens(10, 1000),
 }
 FILLERS = [_tokens(100 + i, 1000) for i in range(6)]
 TURN1 = _tokens(8, 700)
@@ -147,6 +149,36 @@ def test_prefix_evicted_from_the_device_by_other_traffic(histate, reference):
     assert list(out.outputs[0].token_ids) == reference["evicted"]
     # vLLM's own cache lost the prefix; HiState served both blocks
     assert _hit_tokens(conn) - before == 2 * BLOCK
+
+
+def test_held_snapshot_leaves_the_device_and_is_served_by_histate(histate, reference):
+    """release_device_snapshots (the default): device blocks stay for KV, the state comes back."""
+    llm, conn = histate
+    assert conn.config.release_device_snapshots
+    scheduler = scheduler_of(llm)
+    pool = scheduler.kv_cache_manager.block_pool
+    eng = llm.llm_engine
+    released = conn.counters.value("device_snapshots_released")
+    eng.add_request("rel", {"prompt_token_ids": PROMPTS["released"]}, _params())
+    hashes, outputs = [], []
+    while eng.has_unfinished_requests():
+        (request,) = [r for r in scheduler.requests.values() if r.request_id.startswith("rel")]
+        hashes = list(request.block_hashes)
+        outputs.extend(o for o in eng.step() if o.finished)
+        conn.runtime.drain()  # stores land before the next step frees blocks: deterministic
+    assert list(outputs[0].outputs[0].token_ids) == reference["released"]
+    assert conn.counters.value("device_snapshots_released") > released
+    # the state at the prompt's last boundary (768 tokens) is held by a tier, and its
+    # freed device block lost its cache entry; the KV blocks stay cached on the device
+    boundary = hashes[1]  # block 1 ends at 768 tokens
+    assert conn.runtime.has(snap_key(bytes(boundary).hex()))
+    assert pool.get_cached_block(boundary, [conn.mamba_group]) is None
+    assert all(pool.get_cached_block(h, [conn.attn_group]) for h in hashes[:2])
+    before = _hit_tokens(conn)
+    again = _run(llm, PROMPTS["released"])
+    assert list(again.outputs[0].token_ids) == reference["released"]
+    assert _hit_tokens(conn) - before == 2 * BLOCK  # vLLM had no state: HiState served it
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
 def test_second_turn_hits_a_state_stored_while_decoding(histate, reference):

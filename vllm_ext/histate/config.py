@@ -62,9 +62,9 @@ class HiStateConfig:
     spill_to_ssd: bool = option(True, doc="snapshots evicted from host memory go to the SSD")
     fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
     release_device_snapshots: bool = option(
-        False,
+        True,
         doc="drop a snapshot's device copy when its block is freed and HiState holds it "
-        "(device memory stays for KV); simulator only for now: the connector refuses it",
+        "(device memory stays for KV; a later hit loads it from host/SSD)",
     )
 
     def __post_init__(self) -> None:
@@ -86,7 +86,7 @@ class HiStateConfig:
         _check_float("prefill_s_per_token2", self.prefill_s_per_token2, lambda v: v >= 0, ">= 0")
         _check_float("marconi_alpha", self.marconi_alpha, lambda v: v >= 0, ">= 0")
         _check_float("evict_slack", self.evict_slack, lambda v: 0 <= v <= 0.5, "in [0, 0.5]")
-        for name in ("spill_to_ssd", "fsync"):
+        for name in ("spill_to_ssd", "fsync", "release_device_snapshots"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"HiStateConfig.{name} must be a boolean, got {getattr(self, name)!r}"

@@ -21,6 +21,14 @@ Worker side: loads are written into the registered pages in ``start_load_kv``
 metadata, where a background thread inserts them into the tiers (evict, spill
 to SSD). Nothing relies on the two halves sharing a process.
 
+Device pool (``bind_kv_cache_manager``, see :mod:`vllm_ext.histate.device_pool`):
+with ``release_device_snapshots`` (default) a freed Mamba-group block whose
+snapshot a tier holds loses its prefix-cache entry, so vLLM reuses it before
+cached KV (counted as ``device_snapshots_released``); a later hit loads the
+state back. Always: the Mamba manager's admission count includes the block a
+hit's state is loaded into, which vLLM 0.32 leaves out
+(:mod:`vllm_ext.patches.mamba_external_state_count`).
+
 Limits: one worker (tensor/pipeline parallel size 1; checked at start).
 """
 
@@ -36,12 +44,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.v1.core.kv_cache_utils import get_block_hash
 from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
 from vllm_ext.histate.config import SYSTEM, load_histate_config
+from vllm_ext.histate.device_pool import keep_snapshots_off_device
 from vllm_ext.histate.pages import PageCopier
 from vllm_ext.histate.policy import Kind, kv_key, snap_key
 from vllm_ext.histate.runtime import (
@@ -51,6 +61,7 @@ from vllm_ext.histate.runtime import (
     StoreItem,
     snapshot_reason,
 )
+from vllm_ext.patches import mamba_external_state_count
 
 logger = get_logger(__name__)
 
@@ -155,13 +166,6 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
                 "HiStateConnector supports one worker (tensor and pipeline parallel size 1); "
                 f"got world size {vllm_config.parallel_config.world_size}"
             )
-        if self.config.release_device_snapshots:
-            # vllm_ext.histate.device_pool works alone, but with the connector's loads it
-            # starved vLLM's allocator under preemption (tests/engine/test_histate_faults.py)
-            raise ConfigError(
-                "HiStateConnector does not support release_device_snapshots yet; "
-                "leave it false (it is modelled in the simulator only)"
-            )
         if not vllm_config.cache_config.enable_prefix_caching:
             raise ConfigError("HiStateConnector needs --enable-prefix-caching (Mamba align mode)")
         self.attn_group, self.mamba_group, self.groups = _layout(kv_cache_config)
@@ -192,6 +196,18 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
                 f"HiStateConnector keys blocks by vLLM's block hashes and needs the hash block "
                 f"size ({hash_size}) to equal the block size ({self.block_size})"
             )
+        # vLLM 0.32 under-counts the Mamba block a hit's state is loaded into
+        mamba_external_state_count.apply(kv_cache_manager)
+        if self.config.release_device_snapshots and self.runtime is not None:
+            keep_snapshots_off_device(kv_cache_manager, self._held_in_tier, self._released)
+
+    def _held_in_tier(self, block) -> bool:
+        """Does a tier hold the snapshot cached in this Mamba-group block?"""
+        key = snap_key(get_block_hash(block.block_hash).hex())
+        return self.runtime.has(key)
+
+    def _released(self, n: int) -> None:
+        self.counters.inc("device_snapshots_released", n)
 
     def on_new_request(self, request) -> None:
         self._requests[request.request_id] = request

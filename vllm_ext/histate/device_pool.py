@@ -14,6 +14,11 @@ its ``block_pool`` wrapped by :class:`SnapshotsOffDevice` (an instance
 attribute, no vLLM class is patched). Everything else is delegated to the
 real pool. ``BlockPool._maybe_evict_cached_block`` is private: the wrap is
 skipped, with a warning, on a vLLM without it.
+
+
+The connector also applies :mod:`vllm_ext.patches.mamba_external_state_count`
+(vLLM 0.32 under-counts the Mamba block a connector hit takes); without it a
+hit into a full pool crashes the engine, with or without releasing snapshots.
 """
 
 from __future__ import annotations
@@ -41,9 +46,16 @@ class SnapshotsOffDevice:
     def free_blocks(self, ordered_blocks: Iterable) -> None:
         blocks = list(ordered_blocks)
         released = 0
+        extra = getattr(self._pool, "cached_block_hashes_by_block", {})
         for block in blocks:
-            # only blocks this free returns to the queue; a shared block stays cached
-            if block.ref_cnt == 1 and block.block_hash is not None and self._held(block):
+            # only blocks this free returns to the queue; a shared block stays cached, and
+            # so does one cached under further (e.g. partial-block) hashes we cannot check
+            if (
+                block.ref_cnt == 1
+                and block.block_hash is not None
+                and block.block_id not in extra
+                and self._held(block)
+            ):
                 released += self._pool._maybe_evict_cached_block(block)
         self._pool.free_blocks(blocks)
         if released and self._on_release is not None:
@@ -54,6 +66,14 @@ class SnapshotsOffDevice:
 
     def __setattr__(self, name: str, value) -> None:
         setattr(self._pool, name, value)
+
+    # the coordinator resets "each manager's pool once" (dict.fromkeys over the managers'
+    # pools): the view and the pool it wraps are one pool there
+    def __eq__(self, other) -> bool:
+        return other is self or other is self._pool
+
+    def __hash__(self) -> int:
+        return hash(self._pool)
 
 
 def keep_snapshots_off_device(

@@ -57,6 +57,10 @@ ADAPTER_SPECS = (
     CounterSpec("snapshots_stored", "boundary snapshots copied out into host memory"),
     CounterSpec("store_bytes_host", "payload bytes stored into host memory"),
     CounterSpec("store_failures", "stores that failed (I/O or internal error); serving continued"),
+    CounterSpec(
+        "device_snapshots_released",
+        "freed device blocks whose snapshot a tier holds, uncached so vLLM reuses them first",
+    ),
 )
 COUNTER_SPECS = ALGORITHM_SPECS + ADAPTER_SPECS
 
