@@ -34,6 +34,7 @@ from vllm_ext.bench import (
     BenchResult,
     GpuPowerSampler,
     collect_fingerprint,
+    headline_text,
     make_headline,
     median_metrics,
     run_trace_sync,
@@ -137,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     rates = sorted(float(r) for r in args.rates.split(","))
     result = run(rates, args.requests, args.max_tokens, args.out, args.repeats)
     h = result.headline
-    sys.stdout.write(
-        f"{h['metric']}: ours {h['ours']:.4f} vs {h['baseline_name']} "
-        f"{h['baseline']:.4f} (ratio {h['ratio']:.3f}; target {h['target']})\n"
-    )
+    sys.stdout.write(headline_text(h, "ours"))
     return 0 if all(math.isfinite(p[HEADLINE_METRIC]) for p in result.variants.values()) else 1
 
 

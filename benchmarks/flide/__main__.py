@@ -41,7 +41,13 @@ from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa:
 
 from benchmarks.flide.workloads import build  # noqa: E402
 from vllm_ext.assets import model_path  # noqa: E402
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result  # noqa: E402
+from vllm_ext.bench import (  # noqa: E402
+    BenchResult,
+    collect_fingerprint,
+    headline_text,
+    make_headline,
+    write_result,
+)
 from vllm_ext.flide.classifier import WORKER_EXTENSION, PackedClassifier  # noqa: E402
 
 NAME = "flide"
@@ -146,10 +152,7 @@ def main(argv=None) -> int:
     result = build_result(rows, points, args)
     write_result(result, args.out)
     h = result.headline
-    sys.stdout.write(
-        f"{h['metric']}: flide {h['ours']:.1f} vs {h['baseline_name']} {h['baseline']:.1f} "
-        f"(ratio {h['ratio']:.2f}); target {h['target']}\n"
-    )
+    sys.stdout.write(headline_text(h, "flide"))
     return 0
 
 

@@ -39,7 +39,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, percentile, write_result
+from vllm_ext.bench import (
+    BenchResult,
+    collect_fingerprint,
+    headline_text,
+    make_headline,
+    percentile,
+    write_result,
+)
 from vllm_ext.histate.traces import agentic_trace, bfcl_trace, save_trace
 
 NAME = "histate_engine"
@@ -209,10 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     result = build_result(runs, sizes, args)
     write_result(result, args.out)
     h = result.headline
-    sys.stdout.write(
-        f"{h['metric']}: histate {h['ours']:.3f}s vs {h['baseline_name']} {h['baseline']:.3f}s "
-        f"(ratio {h['ratio']:.3f}); target {h['target']}\n"
-    )
+    sys.stdout.write(headline_text(h, "histate"))
     return 0
 
 

@@ -39,7 +39,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import (
+    BenchResult,
+    collect_fingerprint,
+    headline_text,
+    make_headline,
+    write_result,
+)
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.costmodel import GB, CostModel
 from vllm_ext.histate.simulator import VARIANTS, simulate
@@ -231,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     result = build_result(results, seconds, sizes, head, args)
     write_result(result, args.out)
     h = result.headline
-    sys.stdout.write(
-        f"{h['metric']}: histate {h['ours']:.3f}s vs {h['baseline_name']} {h['baseline']:.3f}s "
-        f"(ratio {h['ratio']:.3f}); target {h['target']}\n"
-    )
+    sys.stdout.write(headline_text(h, "histate"))
     return 0
 
 

@@ -41,6 +41,7 @@ from vllm_ext.bench import (
     BenchResult,
     GpuPowerSampler,
     collect_fingerprint,
+    headline_text,
     make_headline,
     run_trace_sync,
     summarize,
@@ -231,10 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     result = _result(args, rates, series, counters, power, quality, cost, drift_result)
     write_result(result, args.out)
     h = result.headline
-    sys.stdout.write(
-        f"{h['metric']}: leap {h['ours']:.4f} vs {h['baseline_name']} "
-        f"{h['baseline']:.4f} (ratio {h['ratio']:.3f}); target {h['target']}\n"
-    )
+    sys.stdout.write(headline_text(h, "leap"))
     return 0
 
 

@@ -330,3 +330,11 @@ def test_poisson_arrivals_deterministic() -> None:
     assert poisson_arrivals(3, rate=math.inf) == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError):
         poisson_arrivals(3, rate=0)
+
+
+def test_headline_text_is_one_line_with_values_ratio_and_target():
+    from vllm_ext.bench import headline_text, make_headline
+
+    h = make_headline("ttft_p99_s", 0.5, 2.0, "native", higher_is_better=False, target="< 1")
+    line = headline_text(h, "histate")
+    assert line == "ttft_p99_s: histate 0.5 vs native 2 (ratio 0.25); target < 1\n"

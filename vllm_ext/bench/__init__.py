@@ -20,6 +20,7 @@ from vllm_ext.bench.loadgen import (
     run_trace_sync,
 )
 from vllm_ext.bench.power import GpuPowerSampler
+from vllm_ext.bench.report import headline_text
 from vllm_ext.bench.results import (
     HEADLINE_KEYS,
     BenchResult,
@@ -42,6 +43,7 @@ __all__ = [
     "compare",
     "fingerprint_summary",
     "format_diffs",
+    "headline_text",
     "key_fields",
     "load_result",
     "make_headline",

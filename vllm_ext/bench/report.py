@@ -55,6 +55,15 @@ def _headline_line(h: dict[str, Any]) -> str:
     )
 
 
+def headline_text(h: dict[str, Any], ours_name: str = "ours") -> str:
+    """One plain-text line for a benchmark's stdout: metric, both values, ratio, target."""
+    return (
+        f"{h['metric']}: {ours_name} {format_value(h['ours'])} vs {h['baseline_name']} "
+        f"{format_value(h['baseline'])} (ratio {format_value(h['ratio'])}); "
+        f"target {format_value(h['target'])}\n"
+    )
+
+
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     """Markdown table lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
