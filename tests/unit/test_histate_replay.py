@@ -69,7 +69,7 @@ def test_time_scale_must_be_positive(trace):
 def test_metrics_split_hits_between_device_and_tiers():
     def rec(i, ttft, prompt, cached, sha):
         return dict(
-            id=str(i), ttft_s=ttft, prompt_tokens=prompt, cached_tokens=cached, output_sha=sha
+            id=f"s{i}/t0", ttft_s=ttft, prompt_tokens=prompt, cached_tokens=cached, output_sha=sha
         )
 
     native = {
@@ -84,9 +84,8 @@ def test_metrics_split_hits_between_device_and_tiers():
     }
     m = metrics(ours, native)
     assert m["token_hit_rate"] == pytest.approx(1536 / 2000)
-    assert m["tier_hit_rate"] == pytest.approx(768 / 2000)
-    assert m["device_hit_rate"] == pytest.approx(768 / 2000)
+    assert m["tier_loaded_tokens"] == 768
     assert m["recomputed_tokens"] == 464
     assert m["ssd_read_MB"] == pytest.approx(2.0)
-    assert m["outputs_equal_native"] == 0.5
+    assert m["first_turns_equal_native"] == 0.5
     assert metrics(native, None)["ttft_mean_s"] == 2.0
