@@ -15,25 +15,30 @@ accelerator would:
 Traces (seed 0, saved as JSONL, replayable): aiperf's agentic-coding sessions
 scaled to the CPU (token counts x0.02: a 640-token shared tool/system layer,
 contexts up to ~4k tokens) and BFCL v4 multi-turn tool use (real tool
-schemas), think/tool delays x``time_scale``. Metrics: TTFT from the moment a
-turn is due to its first token (p50/p90/p99), token hit rates (device vs
-HiState tiers), recomputed prompt tokens, snapshots and bytes read per tier,
-and whether outputs equal native's (closed loop: a different output would
-change the next prompt). Headline: HiState vs vLLM-native p99 TTFT on the
-agentic trace (target from the issue: better); HiState vs Marconi is shown
-beside it.
+schemas), think/tool delays x``time_scale``. Scenarios: ``agentic`` (24
+sessions at 0.2/s, a load vLLM-native cannot sustain with this device pool),
+``agentic_host24M`` (the same with a host tier too small for the working set,
+so eviction and SSD spills decide), ``bfcl``, and ``agentic_low`` (12 sessions
+at 0.08/s). Metrics: TTFT from the moment a turn is due to its first token
+(p50/p90/p99), token hit rate, tokens HiState loaded, recomputed prompt
+tokens, snapshots and bytes read per tier, and whether first-turn outputs
+equal native's. Headline: HiState vs vLLM-native p99 TTFT on ``agentic``
+(target from the issue: better); Marconi and LRU are shown beside it.
 
-Run: ``python -m benchmarks.histate --engine`` (~30 min on 2 cores; ``--quick``
-~8 min). Needs a quiet machine: other CPU load changes every timing.
+Run: ``python -m benchmarks.histate --engine`` (~60 min on 2 cores; ``--quick``
+~15 min; ``--reuse`` rebuilds the result from saved runs). Needs a quiet
+machine: other CPU load changes every timing.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +62,30 @@ MB = 1 << 20
 # name: (generator, kwargs, sessions per second); block_size = sharing granularity only
 TRACES = {
     "agentic": (agentic_trace, dict(n_sessions=24, scale=0.02, block_size=16), 0.2),
+    # the same session model at a load vLLM-native sustains (fewer sessions, lower rate)
+    "agentic_low": (agentic_trace, dict(n_sessions=12, scale=0.02, block_size=16), 0.08),
     "bfcl": (bfcl_trace, dict(n_sessions=24, scale=0.5, block_size=16), 0.4),
 }
-ENGINE = dict(time_scale=0.5, device_bytes=16 * MB, host_bytes=64 * MB, ssd_bytes=1024 * MB)
+ENGINE = dict(time_scale=0.5, device_bytes=16 * MB, ssd_bytes=1024 * MB)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A trace served with a host tier of ``host_bytes``."""
+
+    trace: str
+    host_bytes: int = 64 * MB
+    # native ignores HiState's tiers: take its run from this scenario (same trace)
+    native_from: str | None = None
+
+
+SCENARIOS = {
+    "agentic": Scenario("agentic"),
+    # host memory too small for the working set: evictions and SSD spills decide hits
+    "agentic_host24M": Scenario("agentic", host_bytes=24 * MB, native_from="agentic"),
+    "bfcl": Scenario("bfcl"),
+    "agentic_low": Scenario("agentic_low"),
+}
 
 
 def make_traces(trace_dir: Path, names, quick: bool) -> dict[str, Path]:
@@ -72,7 +98,7 @@ def make_traces(trace_dir: Path, names, quick: bool) -> dict[str, Path]:
     return paths
 
 
-def serve(policy: str, trace: Path, out: Path) -> dict[str, Any]:
+def serve(policy: str, trace: Path, out: Path, host_bytes: int) -> dict[str, Any]:
     """Run one policy on one trace in a fresh process; its JSON result."""
     cmd = [
         sys.executable,
@@ -85,7 +111,7 @@ def serve(policy: str, trace: Path, out: Path) -> dict[str, Any]:
         "--out",
         str(out),
     ]
-    for key, value in ENGINE.items():
+    for key, value in {**ENGINE, "host_bytes": host_bytes}.items():
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -95,6 +121,26 @@ def serve(policy: str, trace: Path, out: Path) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"{policy} on {trace.name} failed (exit {done.returncode}); see {log}")
     return json.loads(out.read_text(encoding="utf-8"))
+
+
+def run_all(names, paths, trace_dir: Path, reuse: bool) -> dict[tuple[str, str], dict]:
+    """Every policy in every scenario (a saved run is read back with ``reuse``)."""
+    runs: dict[tuple[str, str], dict] = {}
+    jobs = [(n, p) for n in names for p in POLICIES]
+    for name, policy in tqdm(jobs, desc="histate engine", unit="run"):
+        scenario = SCENARIOS[name]
+        source = name
+        if policy == "native" and scenario.native_from is not None:
+            source = scenario.native_from
+        out = trace_dir / f"run_{source}_{policy}.json"
+        if (source, policy) in runs:
+            runs[(name, policy)] = runs[(source, policy)]
+        elif reuse and out.exists():
+            runs[(name, policy)] = json.loads(out.read_text(encoding="utf-8"))
+        else:
+            host = SCENARIOS[source].host_bytes
+            runs[(name, policy)] = serve(policy, paths[scenario.trace], out, host)
+    return runs
 
 
 def metrics(run: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any]:
@@ -159,7 +205,11 @@ def build_result(runs: dict[tuple[str, str], dict], sizes: dict, args) -> BenchR
                 "max_num_batched_tokens": 1536,
                 "max_model_len": 8192,
             },
-            "traces": {k: {**TRACES[k][1], "session_rate": TRACES[k][2], "seed": 0} for k in sizes},
+            "scenarios": {k: dataclasses.asdict(SCENARIOS[k]) for k in sizes},
+            "traces": {
+                t: {**TRACES[t][1], "session_rate": TRACES[t][2], "seed": 0}
+                for t in {SCENARIOS[k].trace for k in sizes}
+            },
             "requests_per_trace": sizes,
             "quick": args.quick,
         },
@@ -200,29 +250,23 @@ def describe(variants: dict[str, dict], head: str, device_blocks: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/3 of the sessions: a smoke run")
-    parser.add_argument("--traces", default="agentic,bfcl", help="comma-separated: agentic,bfcl")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario names"
+    )
     parser.add_argument("--trace-dir", default="tmp/histate_traces")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument(
         "--reuse", action="store_true", help="rebuild the result from saved run files"
     )
     args = parser.parse_args(argv)
-    names = [n for n in args.traces.split(",") if n]
-    unknown = set(names) - set(TRACES)
+    names = [n for n in args.scenarios.split(",") if n]
+    unknown = set(names) - set(SCENARIOS)
     if unknown:
-        parser.error(f"unknown traces {sorted(unknown)}; choose from {sorted(TRACES)}")
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {list(SCENARIOS)}")
     trace_dir = Path(args.trace_dir)
-    paths = make_traces(trace_dir, names, args.quick)
-    runs = {}
-    jobs = [(t, p) for t in names for p in POLICIES]
-    for trace, policy in tqdm(jobs, desc="histate engine", unit="run"):
-        out = trace_dir / f"run_{trace}_{policy}.json"
-        runs[(trace, policy)] = (
-            json.loads(out.read_text(encoding="utf-8"))
-            if args.reuse and out.exists()
-            else serve(policy, paths[trace], out)
-        )
-    sizes = {t: len(runs[(t, "native")]["records"]) for t in names}
+    paths = make_traces(trace_dir, {SCENARIOS[n].trace for n in names}, args.quick)
+    runs = run_all(names, paths, trace_dir, args.reuse)
+    sizes = {n: len(runs[(n, "native")]["records"]) for n in names}
     result = build_result(runs, sizes, args)
     write_result(result, args.out)
     h = result.headline
