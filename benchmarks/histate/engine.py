@@ -44,6 +44,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.histate.serve_trace import PREFILL_S_PER_TOKEN
 from vllm_ext.bench import (
     BenchResult,
     collect_fingerprint,
@@ -204,6 +205,7 @@ def build_result(runs: dict[tuple[str, str], dict], sizes: dict, args) -> BenchR
                 "device_blocks": device_blocks,
                 "max_num_batched_tokens": 1536,
                 "max_model_len": 8192,
+                "prefill_s_per_token": PREFILL_S_PER_TOKEN,
             },
             "scenarios": {k: dataclasses.asdict(SCENARIOS[k]) for k in sizes},
             "traces": {
