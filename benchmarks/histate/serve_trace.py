@@ -28,10 +28,6 @@ from vllm_ext.histate.traces import load_trace
 POLICIES = ("native", "lru", "marconi", "histate")
 MAX_MODEL_LEN = 8192  # tiny-hybrid's max_position_embeddings
 CHUNK = 1536  # prefill chunk: a multiple of the 384-token hybrid block
-# HiState's recompute calibration for this engine: tiny-hybrid prefilled 7,680 tokens in
-# 6.5 s on the 2-core benchmark machine (LRU ignores it; Marconi's min-max normalised
-# efficiency is unchanged by a common scale)
-PREFILL_S_PER_TOKEN = 8.0e-4
 
 
 def engine_kwargs(
@@ -59,7 +55,6 @@ def engine_kwargs(
                 "host_bytes": host_bytes,
                 "ssd_bytes": ssd_bytes,
                 "directory": directory,
-                "prefill_s_per_token": PREFILL_S_PER_TOKEN,
             },
         }
     return kwargs

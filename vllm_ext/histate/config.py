@@ -8,15 +8,11 @@ held to the same rules as a loaded one.
 Time and tokens on one scale (our design choice; the paper does not publish
 its normalisation): the recompute term of an item is converted to seconds of
 prefill with the calibration ``prefill_s_per_token`` (+ a quadratic attention
-term ``prefill_s_per_token2``), divided by the MiB the item frees, multiplied
-by ``time_weight`` and added to the item's last-access time: an item that
-saves ``X`` seconds of prefill per MiB is ranked as if it had been used
-``time_weight * X`` seconds later. Only the credit is divided by the bytes:
-dividing the access time too (``(t + credit) / bytes``) makes the order depend
-on where the clock starts -- the longer the server runs, the more a small item
-outranks a recently used big one (measured: on the real engine with a full
-host tier that variant churned KV blocks and hit 17% fewer tokens than LRU).
-``time_weight = 0`` is plain LRU (the ablation's lower end).
+term ``prefill_s_per_token2``), multiplied by ``time_weight`` and added to the
+item's last-access time. An item that saves ``X`` seconds of prefill is thus
+ranked as if it had been used ``time_weight * X`` seconds later; the sum is
+divided by the bytes the item frees. ``time_weight = 0`` is recency per byte
+(the ablation's lower end).
 """
 
 from __future__ import annotations

@@ -19,11 +19,10 @@ Policies (the simulator and the connector run these same classes):
   byte (seconds are FLOPs at a fixed MFU; the quadratic attention term is
   included, which is what makes long-prefix states valuable in Marconi).
 - ``histate``: admit every snapshot; evict the lowest
-  ``last_access_s + w * recompute_s / MiB freed``. ``recompute_s`` is the
+  ``(last_access_s + w * recompute_s) / MiB freed``. ``recompute_s`` is the
   prefill time of the extra tokens recomputed if the item goes (see
-  :mod:`vllm_ext.histate.config` for why seconds, and why only the recompute
-  credit is divided by the bytes). The score is fixed between accesses, so a
-  heap orders it in O(log n).
+  :mod:`vllm_ext.histate.config` for why seconds). The score is fixed between
+  accesses, so a heap orders it in O(log n).
 """
 
 from __future__ import annotations
@@ -127,13 +126,13 @@ class LruPolicy(Policy):
 
 
 class HiStatePolicy(Policy):
-    """``last_access + w * recompute_seconds / MiB``; every snapshot admitted."""
+    """``(last_access + w * recompute_seconds) / MiB``; every snapshot admitted."""
 
     name = "histate"
 
     def score(self, item: Item) -> float:
-        credit = self.config.time_weight * self.recompute_seconds(item) / (item.nbytes / MIB)
-        return item.last_access + credit
+        credit = self.config.time_weight * self.recompute_seconds(item)
+        return (item.last_access + credit) / (item.nbytes / MIB)
 
 
 class MarconiPolicy(Policy):
