@@ -15,7 +15,6 @@ attribute, no vLLM class is patched). Everything else is delegated to the
 real pool. ``BlockPool._maybe_evict_cached_block`` is private: the wrap is
 skipped, with a warning, on a vLLM without it.
 
-
 The connector also applies :mod:`vllm_ext.patches.mamba_external_state_count`
 (vLLM 0.32 under-counts the Mamba block a connector hit takes); without it a
 hit into a full pool crashes the engine, with or without releasing snapshots.
