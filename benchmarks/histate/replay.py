@@ -106,7 +106,6 @@ class ClosedLoopReplay:
         self._due: list[tuple[float, str]] = []
         for sid, session in self.sessions.items():
             heapq.heappush(self._due, (session.turns[0].arrival_s * time_scale, sid))
-        self._sent = 0
         self.skipped_turns = 0
 
     def pending(self) -> int:
@@ -131,7 +130,6 @@ class ClosedLoopReplay:
             if limit is not None and len(session.prompt) + request.output_tokens > limit:
                 self.skipped_turns += len(session.turns) - session.next_turn
                 continue
-            self._sent += 1
             out.append(
                 Turn(
                     f"{sid}/t{request.turn}",

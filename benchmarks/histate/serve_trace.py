@@ -24,6 +24,7 @@ from typing import Any
 
 from benchmarks.histate.replay import ClosedLoopReplay, Turn
 from vllm_ext.histate.traces import load_trace
+from vllm_ext.launcher import SYSTEMS
 
 POLICIES = ("native", "lru", "marconi", "histate")
 MAX_MODEL_LEN = 8192  # tiny-hybrid's max_position_embeddings
@@ -47,8 +48,7 @@ def engine_kwargs(
     )
     if policy != "native":
         kwargs["kv_transfer_config"] = {
-            "kv_connector": "HiStateConnector",
-            "kv_connector_module_path": "vllm_ext.histate.connector",
+            **SYSTEMS["histate"].kv_connector,  # what `vllm-ext serve --plugins histate` sets
             "kv_role": "kv_both",
             "kv_connector_extra_config": {
                 "policy": policy,
@@ -119,9 +119,14 @@ def _record(turn: Turn, out, first_s: float, end_s: float) -> dict[str, Any]:
     }
 
 
+def _scheduler(llm):
+    """The in-process engine's scheduler (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
 def counters_of(llm) -> dict[str, float]:
     """HiState's counters (empty for the native policy)."""
-    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    connector = _scheduler(llm).connector
     if connector is None:
         return {}
     connector.runtime.drain()
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         records = replay(llm.llm_engine, plan)
         wall = time.perf_counter() - start
         after = counters_of(llm)
-        blocks = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+        blocks = _scheduler(llm).kv_cache_manager.block_pool
         result = {
             "policy": args.policy,
             "trace": trace.name,
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": records,
         }
         Path(args.out).write_text(json.dumps(result), encoding="utf-8")
-        connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+        connector = _scheduler(llm).connector
         if connector is not None:  # the folder goes away with this block: nothing to persist
             connector.runtime.close(persist=False)
     return 0
