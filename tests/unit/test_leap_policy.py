@@ -123,6 +123,22 @@ def test_victim_is_longest_predicted_non_aged():
     assert policy.choose_victim(tie, now=8) == "y"  # ties: latest arrival
 
 
+def test_preemption_pairs_shortest_waiting_with_longest_running():
+    policy = _policy()
+    runners = [("long", 400.0), ("mid", 120.0), ("short", 20.0)]
+    # a burst of four unknown requests (prior 100) and one known short one
+    waiting = [100.0, 100.0, 10.0, 100.0, 100.0]
+    # shortest waiting first: 10 vs long (400 > 15), 100 vs mid (120 <= 150) stops
+    assert policy.preemption_victims(waiting, runners, free_slots=0, margin=0.5) == ["long"]
+    assert policy.preemption_victims(waiting, runners, free_slots=0, margin=0.0) == ["long", "mid"]
+    # a free slot admits the shortest waiting one: the pairing starts at the next
+    assert policy.preemption_victims(waiting, runners, free_slots=1, margin=0.5) == ["long"]
+    assert policy.preemption_victims(waiting, runners, free_slots=5, margin=0.0) == []
+    # never more victims than waiting requests left after the free slots
+    assert policy.preemption_victims([1.0], runners, free_slots=0, margin=0.0) == ["long"]
+    assert policy.preemption_victims([], runners, free_slots=0, margin=0.0) == []
+
+
 def test_victim_without_predictions_or_all_aged_is_fcfs_last():
     policy = _policy(max_wait_s=10)
     same_time = [_view("first", 3), _view("second", 3), _view("early", 1)]

@@ -163,6 +163,42 @@ class LeapPolicy:
         pool = fresh or range(len(views))
         return views[max(pool, key=lambda i: (views[i].arrival_time, i))].request_id
 
+    def preemption_victims(
+        self,
+        waiting_expected: Iterable[float],
+        runners: Iterable[tuple[str, float]],
+        free_slots: int,
+        margin: float,
+    ) -> list[str]:
+        """Running requests to preempt this step so shorter waiting ones can run (SRPT).
+
+        Pairs the shortest expected waiting requests with the longest running
+        ones: a runner goes when its remaining exceeds its waiting partner's
+        expected remaining by ``margin`` (a fraction). Waiting requests that
+        ``free_slots`` will admit anyway need no victim. Several victims per
+        step let LEAP probe a burst of new requests at the batch width instead
+        of one per step: a probed request that turns out long is parked again
+        at once, and its prompt blocks stay in vLLM's prefix cache.
+
+        Args:
+            waiting_expected: expected remaining tokens of each waiting request
+                (its prediction, or the prior for one not prefilled yet).
+            runners: ``(request_id, remaining)`` of each preemptible runner.
+            free_slots: decode slots free before any preemption.
+            margin: minimum relative advantage, ``>= 0``.
+
+        Returns:
+            Victim ids, longest remaining first.
+        """
+        waiting = sorted(waiting_expected)[max(free_slots, 0) :]
+        longest = sorted(runners, key=lambda r: r[1], reverse=True)
+        victims = []
+        for expected, (request_id, remaining) in zip(waiting, longest, strict=False):
+            if remaining <= expected * (1 + margin):
+                break
+            victims.append(request_id)
+        return victims
+
     def _remaining_and_inflation(self, view: RequestView) -> tuple[float, float]:
         remaining = max(view.predicted_total - view.generated_tokens, 1.0)
         return remaining, self.config.risk_k * (view.predicted_log_std or 0.0)

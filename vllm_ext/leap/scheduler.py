@@ -6,11 +6,13 @@ vllm_ext.leap.scheduler.make_scheduler`` (the factory picks the async variant
 when vLLM schedules asynchronously, as on GPUs). Before each
 ``super().schedule()`` it only rearranges vLLM's queues:
 
-1. SRPT admission: when every decode slot is taken and a waiting request's
-   expected remaining length (its prediction, or the prior for a request not yet
-   prefilled) is shorter by ``preempt_margin`` than the longest predicted
-   remaining among running requests, that running request is preempted (vLLM's
-   own ``_preempt_request``; its prompt blocks stay in the prefix cache).
+1. SRPT admission: waiting requests beyond the free decode slots are paired,
+   shortest expected remaining first (its prediction, or the prior for a
+   request not yet prefilled), with the running requests of longest predicted
+   remaining; each runner whose remaining exceeds its partner's by
+   ``preempt_margin`` is preempted (vLLM's own ``_preempt_request``; its
+   prompt blocks stay in the prefix cache). Several per step, so a burst of
+   new requests is probed at the batch width.
 2. ``waiting`` is ordered by :class:`~vllm_ext.leap.policy.LeapPolicy`
    (aged first, then shortest expected remaining).
 3. ``running`` is ordered so that the policy's preemption victim is last —
@@ -124,32 +126,29 @@ class LeapSchedulerMixin:
         self.running[:] = [running[i] for i in order]
 
     def _leap_admit_shorter(self, views: dict[str, RequestView], now: float) -> None:
-        """Preempt the longest predicted runner for a clearly shorter waiting request (SRPT)."""
+        """Preempt the longest predicted runners for clearly shorter waiting requests (SRPT)."""
         config = self.leap.config
         prior = self.leap.typical_tokens  # expected length of a request not prefilled yet
-        if (
-            not config.preempt
-            or prior is None
-            or not self.waiting
-            or len(self.running) < self.max_num_running_reqs
-        ):
+        if not config.preempt or prior is None or not self.waiting:
             return
-        best_wait = min(
-            self.leap_policy.remaining(views[r.request_id]) or prior for r in self.waiting
+        policy = self.leap_policy
+        expected = [policy.remaining(views[r.request_id]) or prior for r in self.waiting]
+        runners = {
+            r.request_id: r
+            for r in self.running
+            if self._leap_preemptible(r, views[r.request_id], now)
+        }
+        victims = policy.preemption_victims(
+            expected,
+            [(i, policy.remaining(views[i])) for i in runners],
+            free_slots=self.max_num_running_reqs - len(self.running),
+            margin=config.preempt_margin,
         )
-        candidates = [
-            r for r in self.running if self._leap_preemptible(r, views[r.request_id], now)
-        ]
-        if not candidates:
-            return
-        worst = max(candidates, key=lambda r: self.leap_policy.remaining(views[r.request_id]))
-        if self.leap_policy.remaining(views[worst.request_id]) <= best_wait * (
-            1 + config.preempt_margin
-        ):
-            return
-        self.running.remove(worst)
-        self._preempt_request(worst, now)
-        self.leap.counters.inc("preemptions")
+        for request_id in victims:
+            request = runners[request_id]
+            self.running.remove(request)
+            self._preempt_request(request, now)
+            self.leap.counters.inc("preemptions")
 
     def _leap_preemptible(self, request, view: RequestView, now: float) -> bool:
         # decoding requests with a prediction, not aged, not bounced too often
