@@ -37,6 +37,8 @@ def test_config_env_mapping_and_defaults():
         ("ssd_bytes", True),
         ("time_weight", float("nan")),
         ("prefill_s_per_token", 0.0),
+        ("ssd_read_bytes_per_s", 0.0),
+        ("ssd_read_latency_s", -1.0),
         ("snapshot_interval_blocks", 0),
         ("evict_slack", 0.9),
         ("directory", ""),
@@ -60,32 +62,78 @@ def test_recompute_seconds_has_linear_and_quadratic_terms():
     assert cfg.recompute_seconds(0, 100) == 0.0
 
 
-def test_histate_score_formula():
-    cfg = HiStateConfig(time_weight=2.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+def test_histate_score_is_clock_plus_loss_per_mib():
+    cfg = HiStateConfig(
+        time_weight=2.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0,
+        ssd_read_bytes_per_s=4 * MB, ssd_read_latency_s=0.5,
+    )  # fmt: skip
     policy = make_policy(cfg)
-    item = Item("a", Kind.KV, 4 * MB, last_access=10.0, recompute_tokens=100, position=100)
-    # (10 + 2 * 100 * 0.01) / 4 MiB
-    assert policy.score(item) == pytest.approx((10.0 + 2.0) / 4)
+    kv = Item("a", Kind.KV, 4 * MB, last_access=10.0, recompute_tokens=100, position=100)
+    # clock 3 + 2 * (100 tokens * 0.01 s) / 4 MiB; the wall-clock access time plays no part
+    assert policy.score(kv, clock=3.0) == pytest.approx(3.0 + 2.0 * 1.0 / 4)
+    snap = Item("s", Kind.SNAPSHOT, 4 * MB, last_access=10.0, recompute_tokens=100, position=100)
+    # a snapshot that spills loses one SSD read (0.5 s + 4 MiB at 4 MiB/s), not its recompute
+    assert policy.score(snap, clock=3.0, spills=True) == pytest.approx(3.0 + 2.0 * 1.5 / 4)
+    assert policy.score(snap, clock=3.0, spills=False) == pytest.approx(3.0 + 2.0 * 1.0 / 4)
     assert MIB == MB
 
 
-def test_histate_evicts_lowest_score_big_and_old_first():
-    cfg = HiStateConfig(time_weight=1.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+def test_histate_evicts_least_loss_per_byte_first():
+    cfg = HiStateConfig(prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
     q = EvictionQueue(make_policy(cfg), capacity=10 * MB)
-    # same age: the bigger item frees more bytes and goes first
-    q.insert(Item("small", Kind.KV, 1 * MB, 5.0))
-    q.insert(Item("big", Kind.SNAPSHOT, 4 * MB, 5.0))
-    # recompute credit keeps an old item: 1000 tokens * 0.01 s = +10 s
+    # loss per MiB: small 1 s, big 0.25 s, costly 10 s, cheap 0
+    q.insert(Item("small", Kind.KV, 1 * MB, 5.0, recompute_tokens=100))
+    q.insert(Item("big", Kind.SNAPSHOT, 4 * MB, 5.0, recompute_tokens=100))
     q.insert(Item("costly", Kind.KV, 1 * MB, 1.0, recompute_tokens=1000))
     q.insert(Item("cheap", Kind.KV, 1 * MB, 1.0))
     ok, evicted = q.insert(Item("new", Kind.KV, 6 * MB, 6.0))
     assert ok
-    # scores: big 5/4=1.25, cheap 1, small 5, costly 11 -> cheap then big
     assert [i.key for i in evicted] == ["cheap", "big"]
+    # the clock rose to the last victim's score: new items start from there
+    assert q.clock == pytest.approx(0.25)
     q.check_invariants()
 
 
-def test_time_weight_zero_ignores_recompute():
+def test_histate_spilling_host_tier_evicts_snapshots_before_kv():
+    # same bytes, same recompute: a snapshot that moves to the SSD loses a read, KV its prefill
+    cfg = HiStateConfig(prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+    q = EvictionQueue(make_policy(cfg), capacity=2 * MB, spills=True)
+    q.insert(Item("snap", Kind.SNAPSHOT, MB, 2.0, recompute_tokens=100))
+    q.insert(Item("kv", Kind.KV, MB, 1.0, recompute_tokens=100))
+    _, evicted = q.insert(Item("x", Kind.KV, MB, 3.0, recompute_tokens=100))
+    assert [i.key for i in evicted] == ["snap"]
+
+
+def test_histate_clock_ages_costly_items_out():
+    # GreedyDual: an untouched costly item goes once the clock passes its score
+    cfg = HiStateConfig(prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+    q = EvictionQueue(make_policy(cfg), capacity=2 * MB)
+    q.insert(Item("costly", Kind.KV, MB, 0.0, recompute_tokens=300))  # score 3
+    victims = []
+    for n in range(6):
+        _, evicted = q.insert(Item(f"c{n}", Kind.KV, MB, float(n), recompute_tokens=100))
+        victims += [i.key for i in evicted]
+    # each new item scores clock + 1, so the clock climbs by 1 per round and passes 3
+    assert "costly" in victims and victims[0] != "costly"
+
+
+def test_histate_order_does_not_depend_on_weight_or_time_origin():
+    def victims(weight, t0):
+        cfg = HiStateConfig(time_weight=weight, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
+        q = EvictionQueue(make_policy(cfg), capacity=5 * MB)
+        rng = random.Random(3)
+        out = []
+        for n in range(200):
+            kind = Kind.KV if rng.random() < 0.5 else Kind.SNAPSHOT
+            item = Item(n, kind, rng.choice((1, 2)) * MB, t0 + n,
+                        recompute_tokens=rng.randrange(1, 500))  # fmt: skip
+            out += [i.key for i in q.insert(item)[1]]
+        return out
+
+    assert victims(1.0, 0.0) == victims(50.0, 0.0) == victims(1.0, 1e9)
+
+
+def test_time_weight_zero_is_lru():
     cfg = HiStateConfig(time_weight=0.0, prefill_s_per_token=0.01, prefill_s_per_token2=0.0)
     q = EvictionQueue(make_policy(cfg), capacity=2 * MB)
     q.insert(Item("costly", Kind.KV, 1 * MB, 1.0, recompute_tokens=10_000))

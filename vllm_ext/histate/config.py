@@ -6,13 +6,18 @@ checked in ``__post_init__``, so a directly constructed ``HiStateConfig`` is
 held to the same rules as a loaded one.
 
 Time and tokens on one scale (our design choice; the paper does not publish
-its normalisation): the recompute term of an item is converted to seconds of
-prefill with the calibration ``prefill_s_per_token`` (+ a quadratic attention
-term ``prefill_s_per_token2``), multiplied by ``time_weight`` and added to the
-item's last-access time. An item that saves ``X`` seconds of prefill is thus
-ranked as if it had been used ``time_weight * X`` seconds later; the sum is
-divided by the bytes the item frees. ``time_weight = 0`` is recency per byte
-(the ablation's lower end).
+its normalisation): an item's value is the seconds a future hit loses if it
+leaves its tier, per MiB it frees. A KV block, or a snapshot leaving its last
+tier, loses the prefill of the extra tokens recomputed (calibration
+``prefill_s_per_token`` + a quadratic attention term ``prefill_s_per_token2``);
+a snapshot that spills from host memory to the SSD loses only one SSD read
+(``ssd_read_latency_s`` + bytes / ``ssd_read_bytes_per_s``). Time is the
+queue's GreedyDual clock, which rises to the score of each evicted item, so
+the score is ``clock at last access + w * loss / MiB`` in one unit (seconds of
+loss per MiB) and does not depend on when the server started. ``time_weight =
+0`` is plain recency (LRU on that clock); any ``w > 0`` yields the same order
+(GreedyDual is scale-free), so ``w`` is the ablation's on/off switch rather
+than a tuning knob.
 """
 
 from __future__ import annotations
@@ -42,13 +47,21 @@ class HiStateConfig:
         None, doc="SSD tier folder (created if missing); None = no SSD tier"
     )
     time_weight: float = option(
-        1.0, doc="w: weight of the recompute seconds against last-access seconds (>= 0)"
+        1.0,
+        doc="w: weight of the loss (seconds per MiB) against the recency clock; 0 = LRU, "
+        "every w > 0 gives the same order (>= 0)",
     )
     prefill_s_per_token: float = option(
         4.0e-5, doc="calibrated prefill seconds per token (linear part, > 0)"
     )
     prefill_s_per_token2: float = option(
         2.6e-10, doc="quadratic attention term: seconds per token per context token (>= 0)"
+    )
+    ssd_read_bytes_per_s: float = option(
+        6.5e9, doc="SSD read bandwidth, prices a snapshot spilled from host memory (> 0)"
+    )
+    ssd_read_latency_s: float = option(
+        1.0e-4, doc="SSD read latency per snapshot, prices a spilled snapshot (>= 0)"
     )
     marconi_alpha: float = option(
         1.0, doc="Marconi: weight of normalised FLOP efficiency against recency (>= 0)"
@@ -84,6 +97,8 @@ class HiStateConfig:
         _check_float("time_weight", self.time_weight, lambda v: v >= 0, ">= 0")
         _check_float("prefill_s_per_token", self.prefill_s_per_token, lambda v: v > 0, "> 0")
         _check_float("prefill_s_per_token2", self.prefill_s_per_token2, lambda v: v >= 0, ">= 0")
+        _check_float("ssd_read_bytes_per_s", self.ssd_read_bytes_per_s, lambda v: v > 0, "> 0")
+        _check_float("ssd_read_latency_s", self.ssd_read_latency_s, lambda v: v >= 0, ">= 0")
         _check_float("marconi_alpha", self.marconi_alpha, lambda v: v >= 0, ">= 0")
         _check_float("evict_slack", self.evict_slack, lambda v: 0 <= v <= 0.5, "in [0, 0.5]")
         for name in ("spill_to_ssd", "fsync", "release_device_snapshots"):
@@ -101,6 +116,10 @@ class HiStateConfig:
         return self.prefill_s_per_token * tokens + self.prefill_s_per_token2 * 0.5 * (
             end_position * end_position - start * start
         )
+
+    def ssd_read_seconds(self, nbytes: int) -> float:
+        """Time to read ``nbytes`` of one snapshot back from the SSD tier."""
+        return self.ssd_read_latency_s + nbytes / self.ssd_read_bytes_per_s
 
 
 def load_histate_config(

@@ -19,10 +19,15 @@ Policies (the simulator and the connector run these same classes):
   byte (seconds are FLOPs at a fixed MFU; the quadratic attention term is
   included, which is what makes long-prefix states valuable in Marconi).
 - ``histate``: admit every snapshot; evict the lowest
-  ``(last_access_s + w * recompute_s) / MiB freed``. ``recompute_s`` is the
-  prefill time of the extra tokens recomputed if the item goes (see
-  :mod:`vllm_ext.histate.config` for why seconds). The score is fixed between
-  accesses, so a heap orders it in O(log n).
+  ``H = L + w * loss_s / MiB freed`` (GreedyDual-Size, Cao & Irani 1997).
+  ``loss_s`` is what a future hit loses if the item leaves this tier: a
+  snapshot that spills from host memory to the SSD loses one SSD read; a KV
+  block, or a snapshot leaving its last tier, loses the prefill of the extra
+  tokens recomputed. ``L`` is the queue's clock: it starts at 0 and rises to
+  the ``H`` of each evicted item, so an item's "last access" is the clock
+  value when it was stored or touched, and time and loss share one unit
+  (seconds of loss per MiB) with no dependence on when the server started.
+  ``H`` is fixed between accesses, so a heap orders it in O(log n).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Item:
         position: token position where the item's prefix ends (prices the recompute).
         pins: readers in flight; a pinned item is never evicted.
         stamp: version, bumped on every update (lazy heap invalidation).
+        score: the queue's score at the last update (static policies).
     """
 
     key: Hashable
@@ -79,6 +85,7 @@ class Item:
     position: int = 0
     pins: int = 0
     stamp: int = 0
+    score: float = 0.0
 
     def __post_init__(self) -> None:
         if self.nbytes <= 0:
@@ -103,13 +110,25 @@ class Policy:
             raise ValueError(f"unknown snapshot reason {reason!r}; expected one of {REASONS}")
         return True
 
-    def score(self, item: Item) -> float:
-        """Eviction score; lowest goes first (static policies only)."""
+    def score(self, item: Item, clock: float = 0.0, spills: bool = False) -> float:
+        """Eviction score; lowest goes first (static policies only).
+
+        Args:
+            item: the item, just stored or touched.
+            clock: the queue's clock ``L`` (GreedyDual inflation; see the module doc).
+            spills: the queue spills evicted snapshots to a slower tier.
+        """
         raise NotImplementedError
 
     def order(self, items: Sequence[Item]) -> list[Item]:
         """``items`` in eviction order, first = evicted first."""
         return sorted(items, key=self.score)
+
+    def loss_seconds(self, item: Item, spills: bool) -> float:
+        """Seconds a future hit loses if ``item`` leaves a tier (spilling or not)."""
+        if spills and item.kind is Kind.SNAPSHOT:
+            return self.config.ssd_read_seconds(item.nbytes)
+        return self.recompute_seconds(item)
 
     def recompute_seconds(self, item: Item) -> float:
         """Prefill seconds a future hit loses if ``item`` is removed."""
@@ -121,18 +140,18 @@ class LruPolicy(Policy):
 
     name = "lru"
 
-    def score(self, item: Item) -> float:
+    def score(self, item: Item, clock: float = 0.0, spills: bool = False) -> float:
         return item.last_access
 
 
 class HiStatePolicy(Policy):
-    """``(last_access + w * recompute_seconds) / MiB``; every snapshot admitted."""
+    """GreedyDual-Size on loss: ``clock + w * loss_seconds / MiB``; every snapshot admitted."""
 
     name = "histate"
 
-    def score(self, item: Item) -> float:
-        credit = self.config.time_weight * self.recompute_seconds(item)
-        return (item.last_access + credit) / (item.nbytes / MIB)
+    def score(self, item: Item, clock: float = 0.0, spills: bool = False) -> float:
+        loss = self.loss_seconds(item, spills)
+        return clock + self.config.time_weight * loss / (item.nbytes / MIB)
 
 
 class MarconiPolicy(Policy):
@@ -146,7 +165,7 @@ class MarconiPolicy(Policy):
         super().admit(reason)
         return reason in (BRANCH, DECODE_END)
 
-    def score(self, item: Item) -> float:
+    def score(self, item: Item, clock: float = 0.0, spills: bool = False) -> float:
         raise TypeError("Marconi scores are relative to the candidates; use order()")
 
     def order(self, items: Sequence[Item]) -> list[Item]:

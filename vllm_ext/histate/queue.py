@@ -4,8 +4,9 @@ The queue owns byte accounting for one tier and decides victims with a
 :class:`~vllm_ext.histate.policy.Policy`. Static policies (``lru``,
 ``histate``) keep a binary heap of ``(score, seq, stamp, key)`` with lazy
 invalidation: an update pushes a new entry and bumps the item's ``stamp``, so
-stale entries are skipped when popped; the heap is rebuilt when stale entries
-outnumber live ones. Insert, touch and evict are O(log n). Marconi's
+stale entries are skipped when popped; the heap is rebuilt (from each item's
+stored score) when stale entries outnumber live ones. The queue also keeps the
+GreedyDual clock: the highest score it has evicted. Insert, touch and evict are O(log n). Marconi's
 normalised score is recomputed over the evictable items at each eviction
 round (O(n log n) per round; rounds are amortised by ``slack``).
 
@@ -31,14 +32,19 @@ class EvictionQueue:
         capacity: bytes the tier may hold (>= 0).
         slack: when full, evict down to ``(1 - slack) * capacity`` so that the
             next inserts do not each trigger an eviction round. Default: 0.
+        spills: evicted snapshots move to a slower tier rather than vanish
+            (the host tier above an SSD tier); the policy prices their loss.
     """
 
-    def __init__(self, policy: Policy, capacity: int, slack: float = 0.0):
+    def __init__(self, policy: Policy, capacity: int, slack: float = 0.0, spills: bool = False):
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.policy = policy
         self.capacity = capacity
         self.slack = slack
+        self.spills = spills
+        # GreedyDual clock L: the highest score evicted so far (HiState's "time")
+        self.clock = 0.0
         self.used_bytes = 0
         # bytes of items with pins > 0 (they cannot be evicted)
         self.pinned_bytes = 0
@@ -169,14 +175,15 @@ class EvictionQueue:
         if not self.policy.static:
             return
         item.stamp += 1
-        heapq.heappush(self._heap, (self.policy.score(item), next(self._seq), item.stamp, item.key))
+        item.score = self.policy.score(item, self.clock, self.spills)
+        heapq.heappush(self._heap, (item.score, next(self._seq), item.stamp, item.key))
         if len(self._heap) > 2 * len(self._items) + 64:
             self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
+        # stored scores: re-scoring at today's clock would forget each item's age
         self._heap = [
-            (self.policy.score(item), next(self._seq), item.stamp, item.key)
-            for item in self._items.values()
+            (item.score, next(self._seq), item.stamp, item.key) for item in self._items.values()
         ]
         heapq.heapify(self._heap)
 
@@ -188,6 +195,7 @@ class EvictionQueue:
             # stale entry, or pinned: unpin() pushes a fresh entry when the last pin goes
             if item is None or item.stamp != entry[2] or item.pins:
                 continue
+            self.clock = max(self.clock, entry[0])
             self._drop(item)
             evicted.append(item)
         return evicted

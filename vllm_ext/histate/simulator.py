@@ -42,7 +42,15 @@ from vllm_ext.histate.lookup import (
     recompute_tokens,
     snapshot_positions,
 )
-from vllm_ext.histate.policy import Item, Kind, LruPolicy, MarconiPolicy, kv_key, snap_key
+from vllm_ext.histate.policy import (
+    Item,
+    Kind,
+    LruPolicy,
+    MarconiPolicy,
+    Policy,
+    kv_key,
+    snap_key,
+)
 from vllm_ext.histate.queue import EvictionQueue
 from vllm_ext.histate.tiers import TieredCache
 from vllm_ext.histate.traces import Trace, TraceRequest
@@ -62,9 +70,13 @@ class InstanceSim:
             calibration override the config's.
         variant: ``native`` or a policy name.
         config: HiState settings (time weight, alpha, interval, slack).
+        policy_cls: replaces the variant's policy in the host/SSD tiers (ablations).
     """
 
-    def __init__(self, trace: Trace, cost: CostModel, variant: str, config: HiStateConfig):
+    def __init__(
+        self, trace: Trace, cost: CostModel, variant: str, config: HiStateConfig,
+        policy_cls: type[Policy] | None = None,
+    ):  # fmt: skip
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
         self.trace, self.cost, self.variant, self.B = trace, cost, variant, trace.block_size
@@ -75,6 +87,8 @@ class InstanceSim:
             host_bytes=cost.host_bytes, ssd_bytes=cost.ssd_bytes,
             prefill_s_per_token=cost.prefill_s_per_token,
             prefill_s_per_token2=cost.prefill_s_per_token2,
+            ssd_read_bytes_per_s=cost.ssd_read_bytes_per_s,
+            ssd_read_latency_s=cost.ssd_read_latency_s,
         )  # fmt: skip
         self.config = cfg
         if variant == "marconi_device":
@@ -82,7 +96,11 @@ class InstanceSim:
             self.device = EvictionQueue(MarconiPolicy(cfg), cost.device_bytes, cfg.evict_slack)
         else:
             self.device = EvictionQueue(LruPolicy(cfg), cost.device_bytes)
-        self.tiers = None if variant in DEVICE_ONLY else TieredCache(cfg, keep_payloads=False)
+        policy = policy_cls(cfg) if policy_cls is not None else None
+        self.tiers = (
+            None if variant in DEVICE_ONLY
+            else TieredCache(cfg, keep_payloads=False, policy=policy)
+        )  # fmt: skip
         # the prefix tree for Marconi's branch points
         self.branches = BranchTracker()
         self.stats: dict[str, float] = dict.fromkeys(
@@ -312,9 +330,12 @@ def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
     return out
 
 
-def simulate(trace: Trace, cost: CostModel, variant: str, config: HiStateConfig | None = None):
-    """Run one variant on ``trace``; its metrics."""
-    return InstanceSim(trace, cost, variant, config or HiStateConfig()).run()
+def simulate(
+    trace: Trace, cost: CostModel, variant: str, config: HiStateConfig | None = None,
+    policy_cls: type[Policy] | None = None,
+):  # fmt: skip
+    """Run one variant on ``trace`` (its tiers under ``policy_cls`` if given); its metrics."""
+    return InstanceSim(trace, cost, variant, config or HiStateConfig(), policy_cls).run()
 
 
 __all__ = ["VARIANTS", "InstanceSim", "simulate", "summarize"]

@@ -73,7 +73,9 @@ class TieredCache:
         # serve: only the simulator (no payloads) keeps an accounting-only SSD tier
         has_ssd = config.spill_to_ssd and (ssd_store is not None or not keep_payloads)
         ssd_cap = config.ssd_bytes if has_ssd else 0
-        self.host = EvictionQueue(self.policy, config.host_bytes, config.evict_slack)
+        self.host = EvictionQueue(
+            self.policy, config.host_bytes, config.evict_slack, spills=ssd_cap > 0
+        )
         self.ssd = EvictionQueue(self.policy, ssd_cap, config.evict_slack)
         self._payloads: dict[str, bytes] | None = {} if keep_payloads else None
         self._lock = threading.RLock()
