@@ -3,8 +3,8 @@
 For hybrid models (Gated DeltaNet / Mamba + attention), a prefix hit needs the
 attention KV of every matched block and the recurrent state at exactly the
 match point. HiState keeps many historical snapshots (host memory, then SSD)
-and KV blocks (host memory) in one eviction queue scored by
-``(last access + w * recompute seconds) / bytes freed``.
+and KV blocks (host memory) in one eviction queue scored by what an eviction
+loses per byte freed, on a GreedyDual clock (:mod:`vllm_ext.histate.policy`).
 
 Algorithm modules (no vLLM import, unit-testable alone):
 
