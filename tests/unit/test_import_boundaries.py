@@ -23,6 +23,7 @@ ADAPTERS = {
     "vllm_ext.flide.worker",
     "vllm_ext.histate.connector",
     "vllm_ext.histate.device_pool",
+    "vllm_ext.histate.metadata",
     "vllm_ext.leap.connector",
     "vllm_ext.leap.loader",
     "vllm_ext.leap.scheduler",

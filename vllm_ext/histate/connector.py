@@ -34,24 +34,27 @@ Limits: one worker (tensor/pipeline parallel size 1; checked at start).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
-    KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 from vllm.v1.core.kv_cache_utils import get_block_hash
-from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
 from vllm_ext.histate.config import SYSTEM, load_histate_config
 from vllm_ext.histate.device_pool import keep_snapshots_off_device
+from vllm_ext.histate.metadata import (
+    HiStateMetadata,
+    HiStateWorkerMetadata,
+    LoadJob,
+    cache_layout,
+    cache_namespace,
+)
 from vllm_ext.histate.pages import PageCopier
 from vllm_ext.histate.policy import Kind, kv_key, snap_key
 from vllm_ext.histate.runtime import (
@@ -66,38 +69,6 @@ from vllm_ext.patches import mamba_external_state_count
 logger = get_logger(__name__)
 
 
-@dataclass
-class LoadJob:
-    """Copy these payloads into these blocks before the forward."""
-
-    req_id: str
-    kv: list[tuple[int, bytes]]  # (attention-group block id, KV payload)
-    # the block vLLM caches the boundary state in, and the request's running-state block
-    snapshot_blocks: tuple[int, ...]
-    snapshot: bytes
-
-
-@dataclass
-class HiStateMetadata(KVConnectorMetadata):
-    loads: list[LoadJob] = field(default_factory=list)
-    # (key, KV-cache group id, block id) to copy out after the forward
-    stores: list[tuple[str, int, int]] = field(default_factory=list)
-
-
-@dataclass
-class HiStateWorkerMetadata(KVConnectorWorkerMetadata):
-    payloads: dict[str, bytes] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
-
-    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        # one worker only (checked at start); merging keeps the API contract
-        if isinstance(other, HiStateWorkerMetadata):
-            for key, payload in other.payloads.items():
-                self.payloads.setdefault(key, payload)
-            self.failed.extend(k for k in other.failed if k not in self.failed)
-        return self
-
-
 @dataclass(frozen=True)
 class _Pending:
     """What a store sent to the worker needs once its bytes come back."""
@@ -105,51 +76,6 @@ class _Pending:
     kind: Kind
     position: int
     recompute_tokens: int
-
-
-def _layout(kv_cache_config) -> tuple[int, int, dict[int, list[str]]]:
-    """(attention group id, Mamba group id, group id -> layer names)."""
-    attn, mamba, groups = [], [], {}
-    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
-        groups[gid] = list(group.layer_names)
-        if isinstance(group.kv_cache_spec, MambaSpec):
-            mamba.append(gid)
-        elif isinstance(group.kv_cache_spec, AttentionSpec):
-            attn.append(gid)
-    if len(attn) != 1 or len(mamba) != 1:
-        raise ConfigError(
-            "HiStateConnector needs a hybrid model with one attention and one recurrent "
-            f"(Mamba/GDN) KV-cache group; found {len(attn)} attention and {len(mamba)} "
-            "recurrent groups"
-        )
-    return attn[0], mamba[0], groups
-
-
-def _namespace(vllm_config, kv_cache_config) -> str:
-    """Everything that changes the bytes of a page: a foreign file is a miss, never a hit."""
-    model = vllm_config.model_config
-    par = vllm_config.parallel_config
-    layout = [
-        {
-            "spec": type(g.kv_cache_spec).__name__,
-            "layers": sorted(g.layer_names),
-            "block_size": g.kv_cache_spec.block_size,
-            "page_bytes": g.kv_cache_spec.page_size_bytes,
-        }
-        for g in kv_cache_config.kv_cache_groups
-    ]
-    return json.dumps(
-        {
-            "model": model.model,
-            "revision": model.revision,
-            "dtype": str(model.dtype),
-            "cache_dtype": vllm_config.cache_config.cache_dtype,
-            "groups": layout,
-            "tp": par.tensor_parallel_size,
-            "pp": par.pipeline_parallel_size,
-        },
-        sort_keys=True,
-    )
 
 
 class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
@@ -168,13 +94,13 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
             )
         if not vllm_config.cache_config.enable_prefix_caching:
             raise ConfigError("HiStateConnector needs --enable-prefix-caching (Mamba align mode)")
-        self.attn_group, self.mamba_group, self.groups = _layout(kv_cache_config)
+        self.attn_group, self.mamba_group, self.groups = cache_layout(kv_cache_config)
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = kv_cache_config.num_blocks
         self.runtime: HiStateRuntime | None = None
         if role == KVConnectorRole.SCHEDULER:
             self.runtime = HiStateRuntime(
-                self.config, _namespace(vllm_config, kv_cache_config), self.counters
+                self.config, cache_namespace(vllm_config, kv_cache_config), self.counters
             )
         # scheduler state
         self._requests: dict = {}
