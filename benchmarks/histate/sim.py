@@ -20,7 +20,9 @@ Ablations at the headline load: HiState's weight ``w`` (0 = plain recency
 on the GreedyDual clock; every ``w > 0`` should give the same order), the
 issue's literal score ``(last access s + w * recompute s) / MiB`` on the
 wall clock (``histate_issue_score``: what HiState used before the GreedyDual
-loss score), HiState without releasing the device copies of the
+loss score), HiState with unbounded host memory (``histate_unbounded_host``:
+nothing is ever evicted, the floor any eviction policy can reach on these
+tiers), HiState without releasing the device copies of the
 snapshots it holds (``histate_keep_device``: vLLM's device pool keeps its own
 align-mode snapshots, as without ``vllm_ext.histate.device_pool``), and
 Marconi's ``alpha`` (its paper tunes it per workload). Headline: HiState vs
@@ -68,7 +70,9 @@ WEIGHTS = (0.0, 1.0, 1000.0)
 ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
 KEEP_DEVICE = "histate_keep_device"  # ablation: HiState without releasing device snapshot copies
 ISSUE_SCORE = "histate_issue_score"  # ablation: the issue's literal wall-clock score
-ABLATIONS = (KEEP_DEVICE, ISSUE_SCORE)
+# bound: host memory never full, so no eviction policy can do better with these tiers
+UNBOUNDED = "histate_unbounded_host"
+ABLATIONS = (KEEP_DEVICE, ISSUE_SCORE, UNBOUNDED)
 
 
 class IssueScorePolicy(HiStatePolicy):
@@ -131,8 +135,9 @@ def run(trace_paths) -> tuple[dict, dict, dict, float]:
         if variant == KEEP_DEVICE:  # ablation: snapshots keep their device copies
             cfg = HiStateConfig(release_device_snapshots=False)
         policy_cls = IssueScorePolicy if variant == ISSUE_SCORE else None
+        cost = dataclasses.replace(COST, host_bytes=10**15) if variant == UNBOUNDED else COST
         results[(*key, variant, knob)] = simulate(
-            loaded[key], COST, "histate" if variant in ABLATIONS else variant, cfg, policy_cls
+            loaded[key], cost, "histate" if variant in ABLATIONS else variant, cfg, policy_cls
         )
         seconds[f"{key[0]}@{key[1]:g}/{variant}/{knob:g}"] = time.perf_counter() - start
 
@@ -141,7 +146,7 @@ def run(trace_paths) -> tuple[dict, dict, dict, float]:
     head = headline_rate(results, sorted(r for t, r in loaded if t == "agentic"))
     ablations = [("histate", w) for w in WEIGHTS if w != 1.0]
     ablations += [("marconi", a) for a in ALPHAS if a != 1.0]
-    ablations += [(KEEP_DEVICE, 1.0), (ISSUE_SCORE, 1.0)]
+    ablations += [(v, 1.0) for v in ABLATIONS]
     for variant, knob in tqdm(ablations, desc="histate ablations"):
         sim(("agentic", head), variant, knob)
     sizes = {f"{k[0]}@{k[1]:g}": len(t.requests) for k, t in loaded.items()}
@@ -233,6 +238,12 @@ def describe(results, rates, head, ratio, alpha) -> str:
                  f"(with: {ours:.3g}s)." if keep else "")  # fmt: skip
     if issue:
         keep_text += f" With the issue's literal wall-clock score: p99 {issue[METRIC]:.3g}s."
+    bound = at_head.get((UNBOUNDED, 1.0))
+    if bound:
+        keep_text += (
+            f" With unbounded host memory (no eviction at all: the floor for any eviction "
+            f"policy on these tiers): p99 {bound[METRIC]:.3g}s."
+        )
     weights = ", ".join(f"w={k:g}: {m[METRIC]:.3g}s" for (v, k), m in sorted(at_head.items())
                         if v == "histate")  # fmt: skip
     return (

@@ -8,6 +8,7 @@ import pytest
 
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.costmodel import GB, CostModel
+from vllm_ext.histate.policy import LruPolicy
 from vllm_ext.histate.simulator import VARIANTS, InstanceSim, simulate
 from vllm_ext.histate.traces import (
     Trace,
@@ -111,6 +112,19 @@ def test_simulation_is_deterministic_and_checks_variant(small_trace):
     assert simulate(small_trace, cost, "marconi") == simulate(small_trace, cost, "marconi")
     with pytest.raises(ValueError, match="variant"):
         InstanceSim(small_trace, cost, "fifo", HiStateConfig())
+
+
+def test_policy_class_replaces_the_tiers_policy(small_trace):
+    cost = _cost(device_bytes=1 * GB, host_bytes=2 * GB, ssd_bytes=10 * GB)
+    sim = InstanceSim(small_trace, cost, "histate", HiStateConfig(), LruPolicy)
+    assert isinstance(sim.tiers.policy, LruPolicy)
+    # the policy gets the simulator's config (cost-model calibration), not the caller's
+    assert sim.tiers.policy.config.ssd_read_bytes_per_s == cost.ssd_read_bytes_per_s
+    # with the device copies kept (as for lru), HiState's tiers under LRU are the lru variant
+    keep = HiStateConfig(release_device_snapshots=False)
+    assert simulate(small_trace, cost, "histate", keep, LruPolicy) == simulate(
+        small_trace, cost, "lru"
+    )
 
 
 def test_empty_trace():
