@@ -55,8 +55,9 @@ class LeapConfig:
     max_len: int = option(8192, doc="clamp for the predicted total output length (>= 1)")
     preempt: bool = option(
         True,
-        doc="when decode slots are full, preempt the longest predicted remaining for a "
-        "waiting request expected to be shorter (SRPT); False = reorder queues only",
+        doc="when decode slots are full, preempt the longest predicted remaining runners "
+        "for waiting requests expected to be shorter, several per step (SRPT); "
+        "False = reorder queues only",
     )
     preempt_margin: float = option(
         0.5,
