@@ -5,10 +5,11 @@ The queue owns byte accounting for one tier and decides victims with a
 ``histate``) keep a binary heap of ``(score, seq, stamp, key)`` with lazy
 invalidation: an update pushes a new entry and bumps the item's ``stamp``, so
 stale entries are skipped when popped; the heap is rebuilt (from each item's
-stored score) when stale entries outnumber live ones. The queue also keeps the
-GreedyDual clock: the highest score it has evicted. Insert, touch and evict are O(log n). Marconi's
-normalised score is recomputed over the evictable items at each eviction
-round (O(n log n) per round; rounds are amortised by ``slack``).
+stored score) when stale entries outnumber live ones. Insert, touch and evict
+are O(log n). The queue also keeps the GreedyDual clock: the highest score it
+has evicted. Marconi's normalised score is recomputed over the evictable items
+at each eviction round (O(n log n) per round; rounds are amortised by
+``slack``).
 
 Invariants (checked by :meth:`EvictionQueue.check_invariants`):
 ``used_bytes == sum(item.nbytes)`` and ``used_bytes <= capacity``; a pinned
