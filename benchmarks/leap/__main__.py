@@ -57,6 +57,9 @@ from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 NAME = "leap_sharegpt"
 METRIC = "mean_per_token_latency_s"
 BASELINES = ("fcfs", "prompt_sf", "encoder")
+VARIANTS = (*BASELINES, "leap_static", "leap", "leap_prompt_prior", "oracle")
+# the headline compares leap with the best baseline and with the oracle
+REQUIRED = (*BASELINES, "leap", "oracle")
 HINT = "leap_predicted_tokens"
 
 
@@ -203,12 +206,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument(
+        "--variants",
+        default=None,
+        help="comma-separated subset of the variants (the baselines, leap and oracle "
+        "always run: the headline needs them)",
+    )
+    parser.add_argument(
         "--record-cache",
         default="tmp/leap_record",
         help="folder for the recorded probe vectors and lengths (reused when the "
         "prompts and settings match; the recording is most of the run time)",
     )
     args = parser.parse_args(argv)
+    chosen = set(VARIANTS)
+    if args.variants:
+        chosen = {*args.variants.split(","), *REQUIRED}
+        unknown = sorted(chosen - set(VARIANTS))
+        if unknown:
+            parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
     if args.quick:
         args.calibration, args.requests, args.drift, args.max_tokens = 32, 8, 8, 32
     rates = sorted(float(r) for r in args.rates.split(","))
@@ -253,9 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         drift.replay(LinearLengthModel.load(weights), X_drift, y_drift, 0.999, 8192)
     )
 
-    series, counters, power = serve_all(
-        model, _variants(weights, hints), test, rates, args.max_tokens, work
-    )
+    variants = {k: v for k, v in _variants(weights, hints).items() if k in chosen}
+    series, counters, power = serve_all(model, variants, test, rates, args.max_tokens, work)
     result = _result(args, rates, series, counters, power, quality, cost, drift_result)
     write_result(result, args.out)
     h = result.headline
@@ -313,6 +327,7 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
             "layer": args.layer,
             "pooling": args.pooling,
             "predictor_cost": cost,
+            "predictor_quality": quality,
             "drift": drift_result,
             "counters": counters,
             "oracle_ratio_leap": top["leap"][METRIC] / top["oracle"][METRIC],
