@@ -10,9 +10,10 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
 - ``encoder``: MiniLM sentence embedding + linear head on the same calibration
   set (the separate-encoder class of S3/SSJF), predictions sent as hints;
 - ``leap_static``: LEAP's probe + calibrated head, no online correction;
-- ``leap``: LEAP with online RLS;
-- ``leap_prompt_prior``: ablation, LEAP with prior ``prompt_length`` (requests not yet
-  prefilled are admitted shortest prompt first instead of in arrival order);
+- ``leap``: LEAP with online RLS (default prior ``prompt_length``: requests not yet
+  prefilled are admitted shortest prompt first);
+- ``leap_fcfs_prior``: ablation, LEAP with prior ``fcfs`` (requests not yet prefilled
+  are admitted in arrival order);
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -57,7 +58,7 @@ from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 NAME = "leap_sharegpt"
 METRIC = "mean_per_token_latency_s"
 BASELINES = ("fcfs", "prompt_sf", "encoder")
-VARIANTS = (*BASELINES, "leap_static", "leap", "leap_prompt_prior", "oracle")
+VARIANTS = (*BASELINES, "leap_static", "leap", "leap_fcfs_prior", "oracle")
 # the headline compares leap with the best baseline and with the oracle
 REQUIRED = (*BASELINES, "leap", "oracle")
 HINT = "leap_predicted_tokens"
@@ -131,15 +132,15 @@ def _predictor_cost(model: LinearLengthModel, X: np.ndarray, y: np.ndarray) -> d
 def _variants(weights: Path, hints: dict[str, np.ndarray]) -> dict[str, dict]:
     leap_static = {"leap": {"weights_path": str(weights), "online_rls": False}}
     leap_online = {"leap": {"weights_path": str(weights), "online_rls": True}}
-    # ablation of the prior for requests not prefilled yet: shortest prompt first
-    leap_prompt_prior = {"leap": {**leap_online["leap"], "prior": "prompt_length"}}
+    # ablation of the prior for requests not prefilled yet: arrival order
+    leap_fcfs_prior = {"leap": {**leap_online["leap"], "prior": "fcfs"}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"]},
         "encoder": {"plugins": True, "hints": hints["encoder"]},
         "leap_static": {"plugins": True, "config": leap_static},
         "leap": {"plugins": True, "config": leap_online},
-        "leap_prompt_prior": {"plugins": True, "config": leap_prompt_prior},
+        "leap_fcfs_prior": {"plugins": True, "config": leap_fcfs_prior},
         "oracle": {"plugins": True, "hints": hints["oracle"]},
     }
 

@@ -111,13 +111,19 @@ def _start_order(trace) -> list[str]:
     return started
 
 
-def test_prompt_length_prior_admits_shortest_prompt_first_before_any_prediction():
-    with engine(MODEL, **leap_engine_kwargs({"prior": "prompt_length"}, max_num_seqs=1)) as llm:
+@pytest.mark.parametrize("model", ["informative", "constant"])
+def test_prompt_length_prior_acts_only_beside_an_informative_model(tmp_path, model):
+    constant = 10.0 if model == "constant" else None
+    weights = write_weights(tmp_path / "w.npz", 128, constant=constant)
+    leap = {"weights_path": str(weights), "online_rls": False, "preempt": False}
+    with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=1)) as llm:
         trace = record_schedule(llm)
         for rid, n in (("p300", 300), ("p20", 20), ("p90", 90)):
             llm.llm_engine.add_request(rid, {"prompt_token_ids": PROMPTS[1][:n]}, _params(4))
         run_to_completion(llm)
-    assert _start_order(trace) == ["p20", "p90", "p300"]
+    # the default prior, prompt_length: shortest prompt first; a constant model: vLLM's FCFS
+    expected = ["p300", "p20", "p90"] if model == "constant" else ["p20", "p90", "p300"]
+    assert _start_order(trace) == expected
 
 
 def test_shorter_arrival_preempts_longest_and_outputs_are_unchanged():

@@ -13,7 +13,12 @@ from vllm_ext.leap.config import LeapConfig, load_leap_config
 def test_defaults_match_the_spec():
     cfg = load_leap_config(environ={})
     assert cfg == LeapConfig()
-    assert (cfg.layer, cfg.pooling, cfg.weights_path, cfg.prior) == (None, "last", None, "fcfs")
+    assert (cfg.layer, cfg.pooling, cfg.weights_path, cfg.prior) == (
+        None,
+        "last",
+        None,
+        "prompt_length",
+    )
     assert (cfg.forgetting, cfg.rls_init_scale, cfg.ridge_alpha) == (0.999, 1.0, 1.0)
     assert (cfg.max_wait_s, cfg.risk_k, cfg.prediction_timeout_s) == (30.0, 0.0, 1.0)
     assert (cfg.checkpoint_every, cfg.max_len, cfg.online_rls) == (64, 8192, True)
@@ -22,12 +27,12 @@ def test_defaults_match_the_spec():
 def test_env_and_mapping():
     env = {
         "VLLM_EXT_LEAP_LAYER": "7",
-        "VLLM_EXT_LEAP_PRIOR": "prompt_length",
+        "VLLM_EXT_LEAP_PRIOR": "fcfs",
         "VLLM_EXT_LEAP_ONLINE_RLS": "false",
         "VLLM_EXT_LEAP_FORGETTING": "0.99",
     }
     cfg = load_leap_config({"forgetting": 1}, environ=env)
-    assert cfg.layer == 7 and cfg.prior == "prompt_length" and cfg.online_rls is False
+    assert cfg.layer == 7 and cfg.prior == "fcfs" and cfg.online_rls is False
     assert cfg.forgetting == 1.0
 
 

@@ -45,9 +45,12 @@ def _random_views(rng, n, predict_share):
 
 
 def test_no_predictions_is_exactly_fcfs():
+    # prior fcfs: what the scheduler uses whenever no informative model is loaded
     rng = random.Random(0)
     for _ in range(300):
-        policy = _policy(max_wait_s=rng.choice([0.5, 2.0, 30.0]), risk_k=rng.choice([0.0, 3.0]))
+        policy = _policy(
+            max_wait_s=rng.choice([0.5, 2.0, 30.0]), risk_k=rng.choice([0.0, 3.0]), prior="fcfs"
+        )
         views = _random_views(rng, rng.randrange(1, 12), predict_share=0.0)
         rng.shuffle(views)  # any insertion order; ties in arrival must keep it
         now = rng.uniform(0, 8)  # some requests aged, some not
@@ -154,7 +157,9 @@ def test_victim_without_predictions_or_all_aged_is_fcfs_last():
 def test_victim_is_last_in_serving_order():
     rng = random.Random(1)
     for _ in range(300):
-        policy = _policy(max_wait_s=rng.choice([1.0, 4.0]), risk_k=rng.choice([0.0, 1.0]))
+        policy = _policy(
+            max_wait_s=rng.choice([1.0, 4.0]), risk_k=rng.choice([0.0, 1.0]), prior="fcfs"
+        )
         views = _random_views(rng, rng.randrange(1, 10), predict_share=0.6)
         now = rng.uniform(0, 7)
         assert policy.choose_victim(views, now) == policy.order(views, now)[-1]

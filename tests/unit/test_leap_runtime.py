@@ -115,3 +115,18 @@ def test_typical_tokens_comes_from_the_bias_or_from_finished_lengths(weights):
     for i, n in enumerate((10, 1000)):
         rt.on_finished(f"r{i}", n, stopped=True, length_capped=False)
     assert rt.typical_tokens == pytest.approx(np.expm1((np.log1p(10) + np.log1p(1000)) / 2))
+
+
+def test_informative_only_with_a_model_that_tells_requests_apart(weights, tmp_path):
+    assert _runtime(weights).informative
+    assert not _runtime().informative
+    model = LinearLengthModel.load(weights)
+    model.w[:-1] = 0.0
+    model.save(tmp_path / "constant.npz")
+    rt = _runtime(tmp_path / "constant.npz")
+    assert rt.active and not rt.informative
+    # online RLS turns a constant start into a model that tells requests apart
+    for i, (x, n) in enumerate(((-1.0, 5), (1.0, 300), (-0.5, 10), (0.8, 200))):
+        rt.on_probe(f"r{i}", _vec(x))
+        rt.on_finished(f"r{i}", n, stopped=True, length_capped=False)
+    assert rt.informative

@@ -47,7 +47,9 @@ class LeapConfig:
         0.0, doc="order by predicted remaining inflated by exp(k * log-std) (>= 0)"
     )
     prior: Literal["fcfs", "prompt_length"] = option(
-        "fcfs", doc="order of requests without a prediction yet: arrival, or shortest prompt"
+        "prompt_length",
+        doc="order of requests without a prediction yet: shortest prompt, or arrival "
+        "(applies only beside a non-constant model)",
     )
     prediction_timeout_s: float = option(
         1.0, doc="after prefill, how long to wait for a prediction before FCFS for it (> 0)"

@@ -91,6 +91,11 @@ class LinearLengthModel:
         """Alias of :attr:`dim`."""
         return self.dim
 
+    @property
+    def is_constant(self) -> bool:
+        """True when every feature weight is 0: the same prediction for every request."""
+        return not np.any(self.w[:-1])
+
     @classmethod
     def fit_ridge(
         cls, X, lengths, alpha: float = 1.0, init_scale: float = 1.0, *, mean=None, scale=None

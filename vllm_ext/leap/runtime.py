@@ -92,6 +92,11 @@ class LeapRuntime:
         return self.model is not None
 
     @property
+    def informative(self) -> bool:
+        """A model that tells requests apart (loaded, not constant; RLS may make it so)."""
+        return self.model is not None and not self.model.is_constant
+
+    @property
     def typical_tokens(self) -> float | None:
         """Expected length of a request not prefilled yet (None: nothing known yet).
 

@@ -18,12 +18,13 @@ when vLLM schedules asynchronously, as on GPUs). Before each
 3. ``running`` is ordered so that the policy's preemption victim is last —
    vLLM's FCFS victim is ``running[-1]``.
 
-Without predictions (no weights, predictor down) nothing is touched: the
-schedule is exactly vLLM's.
+Without information (no weights, a constant model, predictor down) nothing
+is touched, the prompt-length prior included: the schedule is exactly vLLM's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -66,20 +67,33 @@ class LeapSchedulerMixin:
             raise ValueError("LeapScheduler replaces the queue order; use --scheduling-policy fcfs")
         self._leap_connector = leap
         self.leap = leap.runtime
-        self.leap_policy = LeapPolicy(self.leap.config)
+        self._leap_with_prior = LeapPolicy(self.leap.config)
+        # without an informative model the prior stands down to arrival order
+        self._leap_fcfs_prior = LeapPolicy(dataclasses.replace(self.leap.config, prior="fcfs"))
         logger.info(
             "LEAP scheduler active (%s predictor, %s)",
             "calibrated" if self.leap.active else "no",
             type(self).__mro__[2].__name__,
         )
 
+    @property
+    def leap_policy(self) -> LeapPolicy:
+        """The policy of this step: the configured prior only beside an informative model."""
+        return self._leap_with_prior if self.leap.informative else self._leap_fcfs_prior
+
     def schedule(self, *args, **kwargs):
         now = time.time()
         views = {r.request_id: self._leap_view(r) for r in (*self.waiting, *self.running)}
         # no prediction, or one value for all (a constant predictor), and no prompt
-        # prior: nothing to order by, so the schedule stays exactly vLLM's
+        # prior: nothing to order by, so the schedule stays exactly vLLM's. The prior
+        # acts only beside a model that tells requests apart: without information
+        # LEAP changes nothing
         predicted = {v.predicted_total for v in views.values()} - {None}
-        by_prompt = self.leap.config.prior == "prompt_length" and len(self.waiting) > 1
+        by_prompt = (
+            self.leap.config.prior == "prompt_length"
+            and self.leap.informative
+            and len(self.waiting) > 1
+        )
         if len(predicted) >= 2 or by_prompt:
             self._leap_admit_shorter(views, now)
             self._leap_order_queues(views, now)
