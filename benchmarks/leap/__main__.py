@@ -20,7 +20,9 @@ Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
 predictor CPU cost, and a drift replay (calibrated on ShareGPT, served
 HumanEval + BFCL prompts) of the static head vs RLS.
 
-Run: ``python -m benchmarks.leap`` (~15 min on 2 cores); ``--quick`` for a smoke run.
+Run: ``python -m benchmarks.leap`` (~15 min on 2 cores, most of it recording probe
+vectors and greedy lengths, which later runs with the same inputs reuse from
+``--record-cache``); ``--quick`` for a smoke run.
 """
 
 from __future__ import annotations
