@@ -85,15 +85,10 @@ class LeapSchedulerMixin:
         now = time.time()
         views = {r.request_id: self._leap_view(r) for r in (*self.waiting, *self.running)}
         # no prediction, or one value for all (a constant predictor), and no prompt
-        # prior: nothing to order by, so the schedule stays exactly vLLM's. The prior
-        # acts only beside a model that tells requests apart: without information
-        # LEAP changes nothing
+        # prior: nothing to order by, so the schedule stays exactly vLLM's. leap_policy
+        # stands the prior down without an informative model: no information, no change
         predicted = {v.predicted_total for v in views.values()} - {None}
-        by_prompt = (
-            self.leap.config.prior == "prompt_length"
-            and self.leap.informative
-            and len(self.waiting) > 1
-        )
+        by_prompt = self.leap_policy.config.prior == "prompt_length" and len(self.waiting) > 1
         if len(predicted) >= 2 or by_prompt:
             self._leap_admit_shorter(views, now)
             self._leap_order_queues(views, now)
