@@ -14,6 +14,9 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
   prefilled are admitted shortest prompt first);
 - ``leap_fcfs_prior``: ablation, LEAP with prior ``fcfs`` (requests not yet prefilled
   are admitted in arrival order);
+- ``leap_lane``: LEAP with a probe lane (``probe_slots=1``): one of the four slots
+  prefills queued requests only to read their probe, so they are ordered by
+  prediction before they take a decode slot;
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -60,7 +63,7 @@ from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 NAME = "leap_sharegpt"
 METRIC = "mean_per_token_latency_s"
 BASELINES = ("fcfs", "prompt_sf", "encoder")
-VARIANTS = (*BASELINES, "leap_static", "leap", "leap_fcfs_prior", "oracle")
+VARIANTS = (*BASELINES, "leap_static", "leap", "leap_fcfs_prior", "leap_lane", "oracle")
 # the headline compares leap with the best baseline and with the oracle
 REQUIRED = (*BASELINES, "leap", "oracle")
 HINT = "leap_predicted_tokens"
@@ -131,19 +134,28 @@ def _predictor_cost(model: LinearLengthModel, X: np.ndarray, y: np.ndarray) -> d
     return {"predict_s": predict_s, "rls_update_s": (time.perf_counter() - start) / len(X)}
 
 
-def _variants(weights: Path, hints: dict[str, np.ndarray]) -> dict[str, dict]:
-    leap_static = {"leap": {"weights_path": str(weights), "online_rls": False}}
-    leap_online = {"leap": {"weights_path": str(weights), "online_rls": True}}
+def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) -> dict[str, dict]:
+    # every variant but FCFS runs the LeapScheduler, so all share one aging bound
+    aging = {"leap": {"max_wait_s": max_wait_s}}
+    leap_static = {
+        "leap": {"weights_path": str(weights), "online_rls": False, "max_wait_s": max_wait_s}
+    }
+    leap_online = {
+        "leap": {"weights_path": str(weights), "online_rls": True, "max_wait_s": max_wait_s}
+    }
     # ablation of the prior for requests not prefilled yet: arrival order
     leap_fcfs_prior = {"leap": {**leap_online["leap"], "prior": "fcfs"}}
+    # the probe lane: one of the four slots probes queued requests before admission
+    leap_lane = {"leap": {**leap_online["leap"], "probe_slots": 1}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
-        "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"]},
-        "encoder": {"plugins": True, "hints": hints["encoder"]},
+        "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"], "config": aging},
+        "encoder": {"plugins": True, "hints": hints["encoder"], "config": aging},
         "leap_static": {"plugins": True, "config": leap_static},
         "leap": {"plugins": True, "config": leap_online},
         "leap_fcfs_prior": {"plugins": True, "config": leap_fcfs_prior},
-        "oracle": {"plugins": True, "hints": hints["oracle"]},
+        "leap_lane": {"plugins": True, "config": leap_lane},
+        "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},
     }
 
 
@@ -204,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--rates", default="2,inf")
+    parser.add_argument(
+        "--max-wait-s",
+        type=float,
+        default=600.0,
+        help="LEAP aging bound for every scheduler variant; above the run's length, so "
+        "the ordering is measured, not aging (LEAP's default, 30 s, ages nearly every "
+        "request of a burst on a slow CPU)",
+    )
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--pooling", default="last")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
@@ -271,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         drift.replay(LinearLengthModel.load(weights), X_drift, y_drift, 0.999, 8192)
     )
 
-    variants = {k: v for k, v in _variants(weights, hints).items() if k in chosen}
+    variants = {k: v for k, v in _variants(weights, hints, args.max_wait_s).items() if k in chosen}
     series, counters, power = serve_all(model, variants, test, rates, args.max_tokens, work)
     result = _result(args, rates, series, counters, power, quality, cost, drift_result)
     write_result(result, args.out)
@@ -327,6 +347,7 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
             "calibration_prompts": args.calibration,
             "test_requests": args.requests,
             "max_tokens": args.max_tokens,
+            "max_wait_s": args.max_wait_s,
             "layer": args.layer,
             "pooling": args.pooling,
             "predictor_cost": cost,

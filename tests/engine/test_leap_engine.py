@@ -82,6 +82,7 @@ def test_without_information_the_schedule_is_exactly_vllms(tmp_path, predictor):
         else {
             "weights_path": str(write_weights(tmp_path / "w.npz", 128, constant=10.0)),
             "online_rls": False,
+            "probe_slots": 1,  # the lane, too, stands down without information
         }
     )
     with engine(MODEL, **leap_engine_kwargs(leap, **common)) as llm:
@@ -145,6 +146,42 @@ def test_shorter_arrival_preempts_longest_and_outputs_are_unchanged():
     assert finished == ["short", "long"]
     assert counters.value("preemptions") == 1
     assert outputs["long"] == list(solo.token_ids)
+
+
+def test_probe_lane_probes_the_queue_early_and_outputs_are_unchanged(tmp_path):
+    requests = [(f"q{i}", PROMPTS[i % 4][: 30 + 11 * i], _params(24)) for i in range(8)]
+    with engine(MODEL, **leap_engine_kwargs({}, max_num_seqs=3)) as llm:
+        _, stock = _traced_run(llm, requests)
+    del llm
+    # this random head predicts 76..85 tokens: no margin, so that such gaps decide
+    weights = write_weights(tmp_path / "w.npz", 128)
+    leap = {"weights_path": str(weights), "probe_slots": 1, "preempt_margin": 0.0}
+    leap["max_preemptions"] = 8
+    with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=3)) as llm:
+        runtime = leap_connector_of(llm).runtime
+        predicted = {}
+        trace = record_schedule(llm)
+        for rid, prompt, params in requests:
+            llm.llm_engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+        finished, outputs = [], {}
+        while llm.llm_engine.has_unfinished_requests():
+            for out in llm.llm_engine.step():
+                if out.finished:
+                    finished.append(out.request_id)
+                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+                    predicted[out.request_id] = out.kv_transfer_params["leap"]["predicted_tokens"]
+        counters = leap_connector_of(llm).counters
+        pool = scheduler_of(llm).kv_cache_manager.block_pool
+        assert runtime.num_live() == 0
+        assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1  # minus the null block
+    assert outputs == stock  # parking and resuming keep greedy outputs exact
+    # one probe per step: every request is prefilled (probed) before the first one ends
+    first_end = next(i for i, step in enumerate(trace) if len(step) < 3 and i > 8)
+    assert set(_start_order(trace[:first_end])) == {rid for rid, _, _ in requests}
+    assert counters.value("lane_probes") >= 1
+    assert counters.value("preemptions") >= 1
+    # equal true lengths: the longest prediction is served last
+    assert finished[-1] == max(predicted, key=predicted.get)
 
 
 def test_corrupt_weights_file_is_a_named_startup_error(tmp_path):

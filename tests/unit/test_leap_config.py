@@ -55,6 +55,8 @@ def test_unknown_key_is_an_error():
         ("forgetting", float("nan")),
         ("rls_init_scale", 0.0),
         ("ridge_alpha", -0.1),
+        ("probe_slots", -1),
+        ("probe_slots", 1.5),
         ("ridge_alpha", float("nan")),
         ("max_wait_s", 0.0),
         ("max_wait_s", float("inf")),

@@ -220,3 +220,56 @@ def test_remaining_and_view_validation():
             _view(**args)
     with pytest.raises(ValueError, match="duplicate"):
         policy.order([_view("a", 0), _view("a", 1)], 2)
+
+
+def _plan(policy, waiting, runners, slots=4, prior=100.0, lane=1, now=0.0):
+    return policy.plan_slots(waiting, runners, slots, prior, lane, now)
+
+
+def test_probe_lane_probes_unknown_requests_and_parks_the_probed_long_one():
+    policy = _policy(prior="prompt_length", preempt_margin=0.5, max_wait_s=30.0)
+    unknown = [_view(f"u{i}", i, prompt=p) for i, p in enumerate((300, 20, 90))]
+    # a burst: nothing probed yet -> three decode slots on the prior (shortest prompt
+    # first), the fourth slot probes the next unknown one
+    plan = _plan(policy, [*unknown, _view("u3", 3, prompt=5)], [])
+    assert plan.park == []
+    assert plan.admit == ["u3", "u1", "u2"]
+    assert plan.probe == ["u0"]
+    # the probe came back long: parked, and the lane probes the next unknown one;
+    # the decoders keep their slots (10 left: not clearly longer than the short one's 7)
+    decoders = [(_view(f"d{i}", 0, predicted=20, generated=10), True) for i in range(3)]
+    probed = (_view("p", 1, predicted=500, generated=1), True)
+    waiting = [_view("short", 2, predicted=8, generated=1), *unknown]
+    plan = _plan(policy, waiting, [*decoders, probed])
+    assert plan.park == ["p"]
+    assert plan.admit == []
+    assert plan.probe == ["u1"]
+    # ... until the decoders are clearly longer than the known short one
+    decoders = [(_view(f"d{i}", 0, predicted=60 + i, generated=0), True) for i in range(3)]
+    plan = _plan(policy, waiting, [*decoders, probed])
+    assert plan.park == ["d2", "p"]
+    assert plan.admit == ["short"]
+
+
+def test_probe_lane_respects_pinned_runners_margin_and_aging():
+    policy = _policy(preempt_margin=0.5, max_wait_s=10.0, prior="fcfs")
+    # an unpredicted runner occupies the lane: no second probe, decode slot on the prior
+    runners = [(_view("probing", 0), False), (_view("d", 0, predicted=140), True)]
+    waiting = [_view("u", 1), _view("v", 2)]
+    plan = _plan(policy, waiting, runners, slots=3)
+    assert (plan.park, plan.admit, plan.probe) == ([], ["u"], [])
+    # margin: 140 remaining vs prior 100 -> stays (140 / 1.5 < 100); 160 would not
+    plan = _plan(policy, waiting, runners, slots=2)
+    assert (plan.park, plan.admit, plan.probe) == ([], [], [])
+    runners[1] = (_view("d", 0, predicted=160), True)
+    plan = _plan(policy, waiting, runners, slots=2)
+    assert (plan.park, plan.admit) == (["d"], ["u"])
+    # an aged waiting request outranks every expected length; pinned runners never move
+    aged = _view("old", -20, predicted=5000)
+    plan = _plan(policy, [aged], [(_view("d", 0, predicted=2), True)], slots=1, lane=0)
+    assert (plan.park, plan.admit) == (["d"], ["old"])
+    plan = _plan(policy, [aged], [(_view("d", 0, predicted=2), False)], slots=1, lane=0)
+    assert (plan.park, plan.admit) == ([], [])
+    # no lane width: the lane never opens; never more admits than free slots
+    plan = _plan(policy, [_view(f"u{i}", i) for i in range(6)], [], slots=4, lane=0)
+    assert (plan.admit, plan.probe) == (["u0", "u1", "u2", "u3"], [])

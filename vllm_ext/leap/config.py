@@ -67,6 +67,12 @@ class LeapConfig:
         "expected remaining by this fraction (>= 0)",
     )
     max_preemptions: int = option(2, doc="a request is preempted by LEAP at most this often (>= 0)")
+    probe_slots: int = option(
+        0,
+        doc="probe lane: while requests without a prediction wait, up to this many of the "
+        "max_num_seqs slots prefill them only to read their probe; a probed request that "
+        "is not among the shortest is parked again (capped at max_num_seqs - 1; 0 = off)",
+    )
     return_probe: bool = option(
         False, doc="return each request's probe vector in kv_transfer_params (calibration)"
     )
@@ -95,6 +101,7 @@ class LeapConfig:
                 )
         _check_float(self, "preempt_margin", lambda v: v >= 0, ">= 0")
         _check_int(self, "max_preemptions", minimum=0)
+        _check_int(self, "probe_slots", minimum=0)
 
     def resolve_layer(self, num_layers: int) -> int:
         """The probed decoder layer for a model with ``num_layers`` layers.

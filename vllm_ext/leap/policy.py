@@ -74,6 +74,18 @@ class RequestView:
             raise ValueError(f"{where}: predicted_log_std must be finite and >= 0, got {std}")
 
 
+@dataclass(frozen=True, slots=True)
+class SlotPlan:
+    """One step's changes: runners to park; waiting requests to admit first, in order.
+
+    ``admit`` are decode picks, ``probe`` the probe lane's picks (admitted after them).
+    """
+
+    park: list[str]
+    admit: list[str]
+    probe: list[str]
+
+
 class LeapPolicy:
     """Stateless ordering rules of LEAP; see the module docstring.
 
@@ -198,6 +210,85 @@ class LeapPolicy:
                 break
             victims.append(request_id)
         return victims
+
+    def plan_slots(
+        self,
+        waiting: Iterable[RequestView],
+        runners: Iterable[tuple[RequestView, bool]],
+        slots: int,
+        prior: float,
+        lane_width: int,
+        now: float,
+    ) -> SlotPlan:
+        """Decode slots shortest-expected-first, plus a probe lane for unprobed requests.
+
+        A request's prediction exists only after its own prefill, so without a
+        lane LEAP must admit a queued request to a decode slot (on the prior)
+        to learn its length. The lane admits up to ``lane_width`` more unprobed
+        waiting requests (the next in prior order) for their prefill; once
+        probed, such a request competes like any other and is parked again
+        when it does not win a decode slot. Its blocks stay in vLLM's prefix
+        cache, so a resume recomputes only the last partial block.
+
+        Decode slots (``slots`` minus pinned runners minus the lane) go to the
+        lowest keys: aged waiting requests first (arrival order), then the
+        log of expected remaining tokens -- a prediction, or ``prior`` for an
+        unprobed request outside the lane. A movable runner's key is lowered
+        by ``log(1 + preempt_margin)``, so it is parked only for a clearly
+        shorter request (no churn on near ties); on exact ties runners stay.
+
+        Args:
+            waiting: waiting requests, queue order.
+            runners: ``(view, movable)`` per running request; a pinned runner
+                (not movable) keeps its slot, and one without a prediction
+                is counted as using the lane.
+            slots: the most requests that may run (vLLM's ``max_num_seqs``).
+            prior: expected total tokens of an unprobed request (> 0).
+            lane_width: slots the lane may use (0: no lane).
+            now: current time, on the clock of ``arrival_time``.
+
+        Returns:
+            The runners to park, the decode picks and the lane picks.
+        """
+        waiting, runners = _unique(waiting), list(runners)
+        pinned = [v for v, movable in runners if not movable]
+        unprobed = [v for v in waiting if v.predicted_total is None and not self.is_aged(v, now)]
+        unprobed = sorted(unprobed, key=lambda v: self.sort_key(v, now))
+        in_lane = sum(v.predicted_total is None for v in pinned)
+        free = max(slots - len(pinned), 0)
+        lane_size = min(max(lane_width - in_lane, 0), len(unprobed), free)
+        prior_rank = {v.request_id: i for i, v in enumerate(unprobed)}
+        stay_bias = math.log1p(self.config.preempt_margin)
+
+        def key(view: RequestView, running: bool) -> tuple:
+            # (aged first, log expected remaining, runners before waiting, prior order, arrival)
+            if not running and self.is_aged(view, now):
+                return (0, 0.0, 0, 0, view.arrival_time)
+            score = self._log_remaining(view)
+            if score is None:
+                score = math.log(max(prior, 1.0))
+            elif running:
+                score -= stay_bias
+            rank = prior_rank.get(view.request_id, len(unprobed))
+            return (1, score, 0 if running else 1, rank, view.arrival_time)
+
+        candidates = [(key(v, True), v, True) for v, movable in runners if movable]
+        candidates += [(key(v, False), v, False) for v in waiting]
+        candidates.sort(key=lambda c: c[0])
+        chosen = candidates[: free - lane_size]
+        picked = {v.request_id for _, v, _ in chosen}
+        # the lane probes the next unprobed requests in prior order; slots it leaves
+        # unused (too few unprobed) go to the next candidates
+        lane = [v for v in unprobed if v.request_id not in picked][:lane_size]
+        lane_ids = {v.request_id for v in lane}
+        rest = [c for c in candidates[len(chosen) :] if c[1].request_id not in lane_ids]
+        chosen += rest[: free - len(chosen) - len(lane)]
+        kept = {v.request_id for _, v, running in chosen if running}
+        return SlotPlan(
+            park=[v.request_id for v, movable in runners if movable and v.request_id not in kept],
+            admit=[v.request_id for _, v, running in chosen if not running],
+            probe=[v.request_id for v in lane],
+        )
 
     def _remaining_and_inflation(self, view: RequestView) -> tuple[float, float]:
         remaining = max(view.predicted_total - view.generated_tokens, 1.0)

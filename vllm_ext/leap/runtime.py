@@ -40,6 +40,7 @@ COUNTERS = (
     CounterSpec("abs_log_error_sum", "sum of |log1p(predicted) - log1p(true)| over RLS updates"),
     CounterSpec("checkpoints", "weights+covariance checkpoints written"),
     CounterSpec("preemptions", "running requests LEAP preempted for a shorter waiting one"),
+    CounterSpec("lane_probes", "requests admitted through the probe lane to read their probe"),
 )
 
 

@@ -18,6 +18,13 @@ when vLLM schedules asynchronously, as on GPUs). Before each
 3. ``running`` is ordered so that the policy's preemption victim is last —
    vLLM's FCFS victim is ``running[-1]``.
 
+With a probe lane (``probe_slots`` > 0) step 1 is
+:meth:`~vllm_ext.leap.policy.LeapPolicy.plan_slots` instead: while requests
+without a prediction wait, up to ``probe_slots`` slots admit them only for
+their prefill (the probe); the others hold the shortest expected requests,
+and a probed request that does not win one is parked again at once. The
+plan's picks go to the head of ``waiting``, which vLLM admits in order.
+
 Without information (no weights, a constant model, predictor down) nothing
 is touched, the prompt-length prior included: the schedule is exactly vLLM's.
 """
@@ -70,6 +77,8 @@ class LeapSchedulerMixin:
         self._leap_with_prior = LeapPolicy(self.leap.config)
         # without an informative model the prior stands down to arrival order
         self._leap_fcfs_prior = LeapPolicy(dataclasses.replace(self.leap.config, prior="fcfs"))
+        # the lane needs a slot left for decoding
+        self._leap_lane_width = min(self.leap.config.probe_slots, self.max_num_running_reqs - 1)
         logger.info(
             "LEAP scheduler active (%s predictor, %s)",
             "calibrated" if self.leap.active else "no",
@@ -89,6 +98,12 @@ class LeapSchedulerMixin:
         # stands the prior down without an informative model: no information, no change
         predicted = {v.predicted_total for v in views.values()} - {None}
         by_prompt = self.leap_policy.config.prior == "prompt_length" and len(self.waiting) > 1
+        if self._leap_lane_width and self.leap.informative:
+            probes = self._leap_fill_slots(views, now)
+            output = super().schedule(*args, **kwargs)
+            admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
+            self.leap.counters.inc("lane_probes", admitted)
+            return output
         if len(predicted) >= 2 or by_prompt:
             self._leap_admit_shorter(views, now)
             self._leap_order_queues(views, now)
@@ -133,6 +148,37 @@ class LeapSchedulerMixin:
             order.remove(victim)
             order.append(victim)
         self.running[:] = [running[i] for i in order]
+
+    def _leap_fill_slots(self, views: dict[str, RequestView], now: float) -> list[str]:
+        """Park runners and put the plan's picks at the head of ``waiting``; returns lane picks."""
+        policy = self.leap_policy
+        preempt = self.leap.config.preempt
+        plan = policy.plan_slots(
+            [views[r.request_id] for r in self.waiting],
+            [
+                (
+                    views[r.request_id],
+                    preempt and self._leap_preemptible(r, views[r.request_id], now),
+                )
+                for r in self.running
+            ],
+            slots=self.max_num_running_reqs,
+            prior=self.leap.typical_tokens,
+            lane_width=self._leap_lane_width,
+            now=now,
+        )
+        running = {r.request_id: r for r in self.running}
+        for request_id in plan.park:
+            self.running.remove(running[request_id])
+            self._preempt_request(running[request_id], now)
+            self.leap.counters.inc("preemptions")
+        self._leap_order_queues(views, now)
+        # vLLM admits from the head of waiting while slots are free: the plan's picks
+        head = {request_id: i for i, request_id in enumerate((*plan.admit, *plan.probe))}
+        waiting = sorted(self.waiting, key=lambda r: head.get(r.request_id, len(head)))
+        self.waiting.clear()
+        self.waiting.extend(waiting)
+        return plan.probe
 
     def _leap_admit_shorter(self, views: dict[str, RequestView], now: float) -> None:
         """Preempt the longest predicted runners for clearly shorter waiting requests (SRPT)."""
