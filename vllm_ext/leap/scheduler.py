@@ -93,17 +93,17 @@ class LeapSchedulerMixin:
     def schedule(self, *args, **kwargs):
         now = time.time()
         views = {r.request_id: self._leap_view(r) for r in (*self.waiting, *self.running)}
-        # no prediction, or one value for all (a constant predictor), and no prompt
-        # prior: nothing to order by, so the schedule stays exactly vLLM's. leap_policy
-        # stands the prior down without an informative model: no information, no change
-        predicted = {v.predicted_total for v in views.values()} - {None}
-        by_prompt = self.leap_policy.config.prior == "prompt_length" and len(self.waiting) > 1
         if self._leap_lane_width and self.leap.informative:
             probes = self._leap_fill_slots(views, now)
             output = super().schedule(*args, **kwargs)
             admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
             self.leap.counters.inc("lane_probes", admitted)
             return output
+        # no prediction, or one value for all (a constant predictor), and no prompt
+        # prior: nothing to order by, so the schedule stays exactly vLLM's. leap_policy
+        # stands the prior down without an informative model: no information, no change
+        predicted = {v.predicted_total for v in views.values()} - {None}
+        by_prompt = self.leap_policy.config.prior == "prompt_length" and len(self.waiting) > 1
         if len(predicted) >= 2 or by_prompt:
             self._leap_admit_shorter(views, now)
             self._leap_order_queues(views, now)
@@ -169,9 +169,7 @@ class LeapSchedulerMixin:
         )
         running = {r.request_id: r for r in self.running}
         for request_id in plan.park:
-            self.running.remove(running[request_id])
-            self._preempt_request(running[request_id], now)
-            self.leap.counters.inc("preemptions")
+            self._leap_preempt(running[request_id], now)
         self._leap_order_queues(views, now)
         # vLLM admits from the head of waiting while slots are free: the plan's picks
         head = {request_id: i for i, request_id in enumerate((*plan.admit, *plan.probe))}
@@ -200,10 +198,13 @@ class LeapSchedulerMixin:
             margin=config.preempt_margin,
         )
         for request_id in victims:
-            request = runners[request_id]
-            self.running.remove(request)
-            self._preempt_request(request, now)
-            self.leap.counters.inc("preemptions")
+            self._leap_preempt(runners[request_id], now)
+
+    def _leap_preempt(self, request, now: float) -> None:
+        """Back to waiting through vLLM's own preemption (its full blocks stay cached)."""
+        self.running.remove(request)
+        self._preempt_request(request, now)
+        self.leap.counters.inc("preemptions")
 
     def _leap_preemptible(self, request, view: RequestView, now: float) -> bool:
         # decoding requests with a prediction, not aged, not bounced too often
