@@ -81,6 +81,7 @@ def _record_in_subprocess(model: Path, prompts: list[str], args, out: Path) -> d
         str(out),
         str(args.max_tokens),
         json.dumps({"layer": args.layer, "pooling": args.pooling}),
+        _dtype(args),
     ]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     subprocess.run(cmd, check=True, env=env)
@@ -94,9 +95,10 @@ def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
     Greedy lengths and probe vectors are a function of the model, the prompts,
     ``max_tokens`` and the probe settings, so those name the cache file.
     """
-    key = json.dumps(
-        [str(model), prompts, args.max_tokens, args.layer, args.pooling], sort_keys=True
-    )
+    key = [str(model), prompts, args.max_tokens, args.layer, args.pooling]
+    if _dtype(args) != "auto":  # the model's own dtype keeps the keys of earlier recordings
+        key.append(_dtype(args))
+    key = json.dumps(key, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     cached = Path(args.record_cache) / f"record-{digest}.npz"
     if cached.exists():
@@ -106,6 +108,10 @@ def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
     cached.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cached, **rec)
     return rec
+
+
+def _dtype(args) -> str:
+    return getattr(args, "dtype", "auto")
 
 
 def _prompt_tokens(model: Path, prompts: list[str]) -> np.ndarray:
@@ -159,8 +165,9 @@ def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) ->
     }
 
 
-def _serve(model: Path, spec: dict, log: Path) -> VllmServer:
+def _serve(model: Path, spec: dict, log: Path, dtype: str) -> VllmServer:
     args = [*CPU_SERVE_ARGS, "--max-num-seqs", "4", "--served-model-name", "smollm2"]
+    args += ["--dtype", dtype]
     if not spec.get("plugins"):
         return VllmServer(str(model), args, launcher="vllm", log_path=log)
     args += ["--plugins", "leap"]
@@ -192,10 +199,14 @@ def _leap_counters(server: VllmServer) -> dict[str, float]:
     return {k.split(":", 1)[1]: v for k, v in extension_counters(server.get("/metrics")).items()}
 
 
-def serve_all(model, variants, prompts, rates, max_tokens, logs) -> tuple[dict, dict, dict]:
+def serve_all(model, variants, prompts, rates, args, logs) -> tuple[dict, dict, dict]:
     series, counters, power = {}, {}, {}
+    max_tokens = args.max_tokens
     for name, spec in variants.items():
-        with _serve(model, spec, logs / f"{name}.log") as server, GpuPowerSampler() as sampler:
+        with (
+            _serve(model, spec, logs / f"{name}.log", args.dtype) as server,
+            GpuPowerSampler() as sampler,
+        ):
             for rate in rates:
                 reqs = _requests(prompts, spec.get("hints"), rate, max_tokens)
                 records = run_trace_sync(
@@ -224,10 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         "the ordering is measured, not aging (LEAP's default, 30 s, ages nearly every "
         "request of a burst on a slow CPU)",
     )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="vLLM --dtype of the served and recorded model (auto: the model's bf16; float32 "
+        "decodes about 2x faster on CPUs without bf16 units)",
+    )
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--pooling", default="last")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument(
+        "--name",
+        default=NAME,
+        help="result name (file stem under --out); name runs with other settings apart",
+    )
     parser.add_argument(
         "--variants",
         default=None,
@@ -292,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     variants = {k: v for k, v in _variants(weights, hints, args.max_wait_s).items() if k in chosen}
-    series, counters, power = serve_all(model, variants, test, rates, args.max_tokens, work)
+    series, counters, power = serve_all(model, variants, test, rates, args, work)
     result = _result(args, rates, series, counters, power, quality, cost, drift_result)
     write_result(result, args.out)
     h = result.headline
@@ -323,7 +345,7 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
     cost["leap_share_of_step_time"] = per_request / decode_s
     cost["encoder_share_of_step_time"] = cost["encoder_s_per_request"] / decode_s
     return BenchResult(
-        name=NAME,
+        name=args.name,
         description=__doc__.split("\n\n")[0],
         variants=top,
         headline=make_headline(
@@ -341,7 +363,8 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
         sweep_axis="request_rate",
         plot_metric=METRIC,
         config={
-            "model": "SmolLM2-135M-Instruct (bf16)",
+            "model": "SmolLM2-135M-Instruct",
+            "dtype": args.dtype,
             "max_num_seqs": 4,
             "rates": rates,
             "calibration_prompts": args.calibration,

@@ -1,6 +1,6 @@
 """Subprocess of the LEAP benchmark: probe vectors + greedy lengths for a prompt list.
 
-``python -m benchmarks.leap.record MODEL PROMPTS.json OUT.npz MAX_TOKENS LEAP_JSON``; runs
+``python -m benchmarks.leap.record MODEL PROMPTS.json OUT.npz MAX_TOKENS LEAP_JSON [DTYPE]``; runs
 in its own process so the in-process engine's thread binding stays out of the benchmark.
 """
 
@@ -16,8 +16,9 @@ from vllm_ext.leap.calibrate import record
 
 def main() -> int:
     model, prompts_path, out, max_tokens, leap = sys.argv[1:6]
+    dtype = sys.argv[6] if len(sys.argv) > 6 else "auto"
     prompts = json.loads(open(prompts_path).read())
-    X, y = record(model, prompts, json.loads(leap), int(max_tokens), 0.0)
+    X, y = record(model, prompts, json.loads(leap), int(max_tokens), 0.0, dtype)
     if len(y) != len(prompts):
         raise RuntimeError(f"{len(prompts) - len(y)} prompts came back without a probe vector")
     np.savez(out, X=X, y=y)

@@ -68,12 +68,18 @@ def engine_kwargs(leap: dict, *, kv_cache_bytes: int = 512 << 20) -> dict:
 
 
 def record(
-    model: str, prompts: list[str], leap: dict, max_tokens: int, temperature: float
+    model: str,
+    prompts: list[str],
+    leap: dict,
+    max_tokens: int,
+    temperature: float,
+    dtype: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Probe vectors [N, D] and generated lengths [N] from one engine run."""
+    """Probe vectors [N, D] and generated lengths [N] from one engine run (``dtype``: vLLM's)."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, **engine_kwargs({**leap, "return_probe": True, "weights_path": None}))
+    leap = {**leap, "return_probe": True, "weights_path": None}
+    llm = LLM(model=model, dtype=dtype, **engine_kwargs(leap))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
     vectors, lengths = [], []
