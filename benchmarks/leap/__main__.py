@@ -17,6 +17,9 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
 - ``leap_lane``: LEAP with a probe lane (``probe_slots=1``): one of the four slots
   prefills queued requests only to read their probe, so they are ordered by
   prediction before they take a decode slot;
+- ``leap_margin0``: LEAP with ``preempt_margin=0``: any runner whose predicted
+  remaining exceeds a waiting request's expected remaining (the prior, for one
+  not prefilled yet) is parked for it, so a burst is probed by admission;
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -63,7 +66,15 @@ from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 NAME = "leap_sharegpt"
 METRIC = "mean_per_token_latency_s"
 BASELINES = ("fcfs", "prompt_sf", "encoder")
-VARIANTS = (*BASELINES, "leap_static", "leap", "leap_fcfs_prior", "leap_lane", "oracle")
+VARIANTS = (
+    *BASELINES,
+    "leap_static",
+    "leap",
+    "leap_fcfs_prior",
+    "leap_lane",
+    "leap_margin0",
+    "oracle",
+)
 # the headline compares leap with the best baseline and with the oracle
 REQUIRED = (*BASELINES, "leap", "oracle")
 HINT = "leap_predicted_tokens"
@@ -153,6 +164,8 @@ def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) ->
     leap_fcfs_prior = {"leap": {**leap_online["leap"], "prior": "fcfs"}}
     # the probe lane: one of the four slots probes queued requests before admission
     leap_lane = {"leap": {**leap_online["leap"], "probe_slots": 1}}
+    # SRPT without the margin: a runner longer than the prior is parked for an unprobed request
+    leap_margin0 = {"leap": {**leap_online["leap"], "preempt_margin": 0.0}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"], "config": aging},
@@ -161,6 +174,7 @@ def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) ->
         "leap": {"plugins": True, "config": leap_online},
         "leap_fcfs_prior": {"plugins": True, "config": leap_fcfs_prior},
         "leap_lane": {"plugins": True, "config": leap_lane},
+        "leap_margin0": {"plugins": True, "config": leap_margin0},
         "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},
     }
 
