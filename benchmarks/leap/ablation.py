@@ -190,7 +190,9 @@ def _result(args, series, n: int, check: dict, reference: dict) -> BenchResult:
         sweep_axis="layer",
         plot_metric=METRIC,
         config={
-            "model": "SmolLM2-135M-Instruct (bf16), 30 decoder layers",
+            "model": "SmolLM2-135M-Instruct, 30 decoder layers",
+            # the grid's forward passes are float32; the engine check and the labels are bf16
+            "grid_dtype": "float32",
             "prompts": n,
             "folds": args.folds,
             "label_max_tokens": args.max_tokens,
