@@ -92,7 +92,7 @@ def _record_in_subprocess(model: Path, prompts: list[str], args, out: Path) -> d
         str(out),
         str(args.max_tokens),
         json.dumps({"layer": args.layer, "pooling": args.pooling}),
-        _dtype(args),
+        args.dtype,
     ]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     subprocess.run(cmd, check=True, env=env)
@@ -107,8 +107,8 @@ def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
     ``max_tokens`` and the probe settings, so those name the cache file.
     """
     key = [str(model), prompts, args.max_tokens, args.layer, args.pooling]
-    if _dtype(args) != "auto":  # the model's own dtype keeps the keys of earlier recordings
-        key.append(_dtype(args))
+    if args.dtype != "auto":  # the model's own dtype keeps the keys of earlier recordings
+        key.append(args.dtype)
     key = json.dumps(key, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     cached = Path(args.record_cache) / f"record-{digest}.npz"
@@ -121,8 +121,14 @@ def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
     return rec
 
 
-def _dtype(args) -> str:
-    return getattr(args, "dtype", "auto")
+def benchmark_prompts(args) -> tuple[list[str], list[str], list[str]]:
+    """Calibration and test prompts (ShareGPT), and the drift mix (HumanEval + BFCL)."""
+    cal = load_prompts("sharegpt", args.calibration, seed=0)
+    test = load_prompts("sharegpt", args.requests, seed=0, offset=args.calibration)
+    shift = load_prompts("humaneval", args.drift // 2, seed=0) + load_prompts(
+        "bfcl", args.drift - args.drift // 2, seed=0
+    )
+    return cal, test, shift
 
 
 def _prompt_tokens(model: Path, prompts: list[str]) -> np.ndarray:
@@ -289,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     model = model_path("smollm2")
     work = Path(tempfile.mkdtemp(prefix="bench-leap-"))
 
-    cal = load_prompts("sharegpt", args.calibration, seed=0)
-    test = load_prompts("sharegpt", args.requests, seed=0, offset=args.calibration)
-    shift = load_prompts("humaneval", args.drift // 2, seed=0) + load_prompts(
-        "bfcl", args.drift - args.drift // 2, seed=0
-    )
+    cal, test, shift = benchmark_prompts(args)
     rec = _cached_record(model, cal + test + shift, args, work)
     n_cal, n_test = len(cal), len(test)
     X_cal, y_cal = rec["X"][:n_cal], rec["y"][:n_cal]

@@ -32,10 +32,10 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.leap import encoder
-from benchmarks.leap.__main__ import _cached_record
+from benchmarks.leap.__main__ import _cached_record, benchmark_prompts
 from vllm_ext.assets import model_path
 from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
-from vllm_ext.leap.calibrate import choose_alpha, load_prompts
+from vllm_ext.leap.calibrate import choose_alpha
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
 
@@ -55,17 +55,6 @@ def cross_validated(X: np.ndarray, y: np.ndarray, folds: int, seed: int = 0) -> 
         )
         pred[held] = model.predict_batch(X[held]).total_tokens
     return pred
-
-
-def _benchmark_prompts(args) -> tuple[list[str], list[str]]:
-    """The LEAP benchmark's recorded prompt list, and its ShareGPT part (calibration + test)."""
-    sharegpt = load_prompts("sharegpt", args.calibration, seed=0) + load_prompts(
-        "sharegpt", args.requests, seed=0, offset=args.calibration
-    )
-    shift = load_prompts("humaneval", args.drift // 2, seed=0) + load_prompts(
-        "bfcl", args.drift - args.drift // 2, seed=0
-    )
-    return sharegpt + shift, sharegpt
 
 
 def layer_probes(model: Path, prompts: list[str]) -> dict[str, np.ndarray]:
@@ -129,14 +118,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = model_path("smollm2")
     work = Path(tempfile.mkdtemp(prefix="bench-leap-ablation-"))
-    recorded, prompts = _benchmark_prompts(args)
+    cal, test, shift = benchmark_prompts(args)
+    prompts = cal + test
+    # the benchmark's recording settings (model dtype, default probe) name its cache file
     labels = SimpleNamespace(
-        max_tokens=args.max_tokens, layer=None, pooling="last", record_cache=args.record_cache
+        max_tokens=args.max_tokens,
+        layer=None,
+        pooling="last",
+        dtype="auto",
+        record_cache=args.record_cache,
     )
-    y = _cached_record(model, recorded, labels, work)["y"][: len(prompts)]
+    y = _cached_record(model, prompts + shift, labels, work)["y"][: len(prompts)]
     # the engine's own probe at the default setting, prefill only (max_tokens=1)
     engine = SimpleNamespace(
-        max_tokens=1, layer=DEFAULT_LAYER, pooling="last", record_cache=args.record_cache
+        max_tokens=1,
+        layer=DEFAULT_LAYER,
+        pooling="last",
+        dtype="auto",
+        record_cache=args.record_cache,
     )
     X_engine = _cached_record(model, prompts, engine, work)["X"]
 
