@@ -20,6 +20,10 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
 - ``leap_margin0``: LEAP with ``preempt_margin=0``: any runner whose predicted
   remaining exceeds a waiting request's expected remaining (the prior, for one
   not prefilled yet) is parked for it, so a burst is probed by admission;
+- ``leap_refine`` / ``leap_refine_margin0``: ``leap`` / ``leap_margin0`` plus the
+  decode-time refinement head (every ``--refine-every`` output tokens the probe
+  layer's state re-predicts the remaining length; fitted on the same calibration
+  prompts' recorded decode probes);
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -58,9 +62,11 @@ from vllm_ext.bench import (
     write_result,
 )
 from vllm_ext.bench.loadgen import Request, poisson_arrivals
-from vllm_ext.leap.calibrate import choose_alpha, load_prompts
+from vllm_ext.leap.calibrate import load_prompts
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
+from vllm_ext.leap.refine import fit_refine, refine_rows
+from vllm_ext.leap.ridge_cv import choose_alpha
 from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 
 NAME = "leap_sharegpt"
@@ -73,6 +79,8 @@ VARIANTS = (
     "leap_fcfs_prior",
     "leap_lane",
     "leap_margin0",
+    "leap_refine",
+    "leap_refine_margin0",
     "oracle",
 )
 # the headline compares leap with the best baseline and with the oracle
@@ -91,13 +99,15 @@ def _record_in_subprocess(model: Path, prompts: list[str], args, out: Path) -> d
         str(out.parent / "prompts.json"),
         str(out),
         str(args.max_tokens),
-        json.dumps({"layer": args.layer, "pooling": args.pooling}),
+        json.dumps(
+            {"layer": args.layer, "pooling": args.pooling, "refine_every": args.refine_every}
+        ),
         args.dtype,
     ]
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     subprocess.run(cmd, check=True, env=env)
-    data = np.load(out)
-    return {"X": data["X"], "y": data["y"]}
+    with np.load(out) as data:
+        return dict(data)
 
 
 def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
@@ -107,14 +117,13 @@ def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
     ``max_tokens`` and the probe settings, so those name the cache file.
     """
     key = [str(model), prompts, args.max_tokens, args.layer, args.pooling]
-    if args.dtype != "auto":  # the model's own dtype keeps the keys of earlier recordings
-        key.append(args.dtype)
+    key += [args.dtype, "decode probes every", args.refine_every]
     key = json.dumps(key, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     cached = Path(args.record_cache) / f"record-{digest}.npz"
     if cached.exists():
-        data = np.load(cached)
-        return {"X": data["X"], "y": data["y"]}
+        with np.load(cached) as data:
+            return dict(data)
     rec = _record_in_subprocess(model, prompts, args, work / "record.npz")
     cached.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cached, **rec)
@@ -157,7 +166,8 @@ def _predictor_cost(model: LinearLengthModel, X: np.ndarray, y: np.ndarray) -> d
     return {"predict_s": predict_s, "rls_update_s": (time.perf_counter() - start) / len(X)}
 
 
-def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) -> dict[str, dict]:
+def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -> dict[str, dict]:
+    max_wait_s = args.max_wait_s
     # every variant but FCFS runs the LeapScheduler, so all share one aging bound
     aging = {"leap": {"max_wait_s": max_wait_s}}
     leap_static = {
@@ -172,6 +182,9 @@ def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) ->
     leap_lane = {"leap": {**leap_online["leap"], "probe_slots": 1}}
     # SRPT without the margin: a runner longer than the prior is parked for an unprobed request
     leap_margin0 = {"leap": {**leap_online["leap"], "preempt_margin": 0.0}}
+    refined = {"refine_weights_path": str(refine), "refine_every": args.refine_every}
+    leap_refine = {"leap": {**leap_online["leap"], **refined}}
+    leap_refine_margin0 = {"leap": {**leap_margin0["leap"], **refined}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"], "config": aging},
@@ -181,7 +194,44 @@ def _variants(weights: Path, hints: dict[str, np.ndarray], max_wait_s: float) ->
         "leap_fcfs_prior": {"plugins": True, "config": leap_fcfs_prior},
         "leap_lane": {"plugins": True, "config": leap_lane},
         "leap_margin0": {"plugins": True, "config": leap_margin0},
+        "leap_refine": {"plugins": True, "config": leap_refine},
+        "leap_refine_margin0": {"plugins": True, "config": leap_refine_margin0},
         "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},
+    }
+
+
+def _decode_rows(rec: dict, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode probes of requests ``start..stop-1``: vectors, generated, request index - start."""
+    rows = (rec["decode_request"] >= start) & (rec["decode_request"] < stop)
+    return rec["decode_X"][rows], rec["decode_generated"][rows], rec["decode_request"][rows] - start
+
+
+def _fit_refine(
+    rec: dict, n_cal: int, n_test: int, leap_model, leap_alpha: float, out: Path
+) -> dict:
+    """Refinement head on the calibration probes; remaining-length quality on the test ones.
+
+    Quality compares, at every recorded decode probe of a test request, the
+    refined remaining length with what the prefill prediction alone implies
+    (``max(predicted_total - generated, 1)``).
+    """
+    head, alpha = fit_refine(
+        rec["X"][:n_cal], rec["y"][:n_cal], *_decode_rows(rec, 0, n_cal), prefill_alpha=leap_alpha
+    )
+    head.save(out)
+    X_test, y_test = rec["X"][n_cal : n_cal + n_test], rec["y"][n_cal : n_cal + n_test]
+    decode_X, generated, request = _decode_rows(rec, n_cal, n_cal + n_test)
+    log_mean = leap_model.predict_batch(X_test).log_mean
+    features, remaining = refine_rows(decode_X, generated, request, log_mean, y_test)
+    prefill_only = np.maximum(leap_model.predict_batch(X_test).total_tokens[request] - generated, 1)
+    return {
+        "ridge_alpha": alpha,
+        "decode_probes_calibration": int(np.sum(rec["decode_request"] < n_cal)),
+        "decode_probes_test": int(len(generated)),
+        "remaining_refined": summarize_predictions(
+            head.predict_batch(features).total_tokens, remaining
+        ),
+        "remaining_prefill_only": summarize_predictions(prefill_only, remaining),
     }
 
 
@@ -261,6 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         help="vLLM --dtype of the served and recorded model (auto: the model's bf16; float32 "
         "decodes about 2x faster on CPUs without bf16 units)",
     )
+    parser.add_argument(
+        "--refine-every",
+        type=int,
+        default=32,
+        help="output tokens between decode probes (recorded for, and used by, leap_refine)",
+    )
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--pooling", default="last")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
@@ -329,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
         drift.replay(LinearLengthModel.load(weights), X_drift, y_drift, 0.999, 8192)
     )
 
-    variants = {k: v for k, v in _variants(weights, hints, args.max_wait_s).items() if k in chosen}
+    refine_weights = work / "leap_refine.npz"
+    quality["leap_refine"] = _fit_refine(rec, n_cal, n_test, leap_model, leap_alpha, refine_weights)
+    variants = {
+        k: v for k, v in _variants(weights, refine_weights, hints, args).items() if k in chosen
+    }
     series, counters, power = serve_all(model, variants, test, rates, args, work)
     result = _result(args, rates, series, counters, power, quality, cost, drift_result)
     write_result(result, args.out)

@@ -35,9 +35,9 @@ from benchmarks.leap import encoder
 from benchmarks.leap.__main__ import _cached_record, benchmark_prompts
 from vllm_ext.assets import model_path
 from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
-from vllm_ext.leap.calibrate import choose_alpha
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
+from vllm_ext.leap.ridge_cv import choose_alpha
 
 NAME = "leap_probe_ablation"
 METRIC = "kendall_tau"
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         layer=None,
         pooling="last",
         dtype="auto",
+        refine_every=32,
         record_cache=args.record_cache,
     )
     y = _cached_record(model, prompts + shift, labels, work)["y"][: len(prompts)]
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         layer=DEFAULT_LAYER,
         pooling="last",
         dtype="auto",
+        refine_every=32,
         record_cache=args.record_cache,
     )
     X_engine = _cached_record(model, prompts, engine, work)["X"]

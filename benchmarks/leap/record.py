@@ -1,4 +1,4 @@
-"""Subprocess of the LEAP benchmark: probe vectors + greedy lengths for a prompt list.
+"""Subprocess of the LEAP benchmark: probe vectors (prefill and decode) + greedy lengths.
 
 ``python -m benchmarks.leap.record MODEL PROMPTS.json OUT.npz MAX_TOKENS LEAP_JSON [DTYPE]``; runs
 in its own process so the in-process engine's thread binding stays out of the benchmark.
@@ -18,10 +18,10 @@ def main() -> int:
     model, prompts_path, out, max_tokens, leap = sys.argv[1:6]
     dtype = sys.argv[6] if len(sys.argv) > 6 else "auto"
     prompts = json.loads(open(prompts_path).read())
-    X, y = record(model, prompts, json.loads(leap), int(max_tokens), 0.0, dtype)
-    if len(y) != len(prompts):
-        raise RuntimeError(f"{len(prompts) - len(y)} prompts came back without a probe vector")
-    np.savez(out, X=X, y=y)
+    rec = record(model, prompts, json.loads(leap), int(max_tokens), 0.0, dtype)
+    if len(rec.y) != len(prompts):
+        raise RuntimeError(f"{len(prompts) - len(rec.y)} prompts came back without a probe vector")
+    np.savez(out, **rec.arrays())
     return 0
 
 

@@ -56,6 +56,8 @@ def test_unknown_key_is_an_error():
         ("rls_init_scale", 0.0),
         ("ridge_alpha", -0.1),
         ("probe_slots", -1),
+        ("refine_every", 0),
+        ("refine_weights_path", ""),
         ("probe_slots", 1.5),
         ("ridge_alpha", float("nan")),
         ("max_wait_s", 0.0),
@@ -79,6 +81,12 @@ def test_config_is_frozen_and_documented():
     table = config_table(LeapConfig, "leap")
     for f in dataclasses.fields(LeapConfig):
         assert f.metadata["doc"] and f"`VLLM_EXT_LEAP_{f.name.upper()}`" in table
+
+
+def test_decode_probes_are_sent_only_when_something_reads_them():
+    assert LeapConfig().decode_probe_every == 0
+    assert LeapConfig(refine_weights_path="r.npz", refine_every=16).decode_probe_every == 16
+    assert LeapConfig(return_probe=True).decode_probe_every == 32
 
 
 @pytest.mark.parametrize("num_layers, expected", [(1, 0), (2, 1), (30, 15), (31, 15)])

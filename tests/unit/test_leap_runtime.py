@@ -130,3 +130,96 @@ def test_informative_only_with_a_model_that_tells_requests_apart(weights, tmp_pa
         rt.on_probe(f"r{i}", _vec(x))
         rt.on_finished(f"r{i}", n, stopped=True, length_capped=False)
     assert rt.informative
+
+
+@pytest.fixture
+def refine_weights(tmp_path):
+    """Refinement head: remaining length grows with feature 1 of the decode state."""
+    rng = np.random.default_rng(1)
+    F = rng.normal(size=(300, DIM + 2))
+    path = tmp_path / "refine.npz"
+    LinearLengthModel.fit_ridge(F, np.expm1(4.0 + F[:, 1])).save(path)
+    return path
+
+
+def _decode_vec(second: float) -> list[float]:
+    return [0.0, second] + [0.0] * (DIM - 2)
+
+
+def test_decode_probe_refines_to_generated_plus_predicted_remaining(weights, refine_weights):
+    rt = _runtime(weights, refine_weights_path=str(refine_weights))
+    rt.on_probe("r", _vec(0.0))
+    prefill = rt.prediction("r").total_tokens
+    rt.on_decode_probe("r", 32, _decode_vec(1.0))
+    refined = rt.prediction("r").total_tokens
+    assert refined > 32 + np.expm1(4.5) and refined != prefill
+    assert rt.counters.value("refinements") == 1
+    # a preempted request's prompt recompute re-sends its prefill probe: the refinement stays
+    rt.on_probe("r", _vec(0.0))
+    assert rt.prediction("r").total_tokens == refined
+    info = rt.on_finished("r", 400, stopped=True, length_capped=False)
+    assert info["predicted_tokens"] == pytest.approx(prefill)  # the prefill head's, reported
+    assert rt.counters.value("refine_rls_updates") == 1
+
+
+def test_hinted_and_unprobed_requests_are_not_refined(weights, refine_weights):
+    rt = _runtime(weights, refine_weights_path=str(refine_weights))
+    assert rt.prediction("hinted", hint=40).total_tokens == 40
+    rt.on_probe("hinted", _vec(0.0))
+    rt.on_decode_probe("hinted", 32, _decode_vec(2.0))
+    rt.on_decode_probe("gone", 32, _decode_vec(2.0))  # aborted: no entry, nothing created
+    assert rt.prediction("hinted").total_tokens == 40
+    assert rt.counters.value("refinements") == 0 and rt.num_live() == 1
+
+
+def test_a_failed_refinement_keeps_the_prediction_and_serves_on(weights, refine_weights, caplog):
+    rt = _runtime(weights, refine_weights_path=str(refine_weights))
+    rt.on_probe("r", _vec(0.5))
+    before = rt.prediction("r")
+    rt.on_decode_probe("r", 32, [float("nan")] * DIM)
+    rt.on_decode_probe("r", 64, [1.0] * (DIM + 3))  # wrong length
+    assert rt.prediction("r") == before
+    assert rt.counters.value("refinements") == 0 and rt.counters.value("fallbacks") == 0
+
+
+def test_refinement_rls_follows_the_censoring_rule(weights, refine_weights):
+    rt = _runtime(weights, refine_weights_path=str(refine_weights))
+    for rid in ("capped_low", "capped_high"):
+        rt.on_probe(rid, _vec(0.0))
+    rt.on_decode_probe("capped_low", 32, _decode_vec(-2.0))  # predicts little left
+    rt.on_decode_probe("capped_high", 32, _decode_vec(2.0))  # predicts a lot left
+    cap = 80
+    assert rt.prediction("capped_low").total_tokens < cap < rt.prediction("capped_high").total_tokens
+    rt.on_finished("capped_low", cap, stopped=False, length_capped=True)
+    rt.on_finished("capped_high", cap, stopped=False, length_capped=True)
+    assert rt.counters.value("refine_rls_updates") == 1
+
+
+def test_return_probe_returns_the_decode_probes_too():
+    rt = _runtime(return_probe=True)
+    rt.on_probe("r", _vec(0.5))
+    rt.on_decode_probe("r", 32, _decode_vec(1.0))
+    rt.on_decode_probe("r", 64, _decode_vec(2.0))
+    info = rt.on_finished("r", 70, stopped=True, length_capped=False)
+    assert info["decode_probes"] == [(32, _decode_vec(1.0)), (64, _decode_vec(2.0))]
+
+
+def test_refinement_head_is_checkpointed_beside_the_main_one(weights, refine_weights, tmp_path):
+    ckpt = tmp_path / "ckpt.npz"
+    config = dict(refine_weights_path=str(refine_weights), checkpoint_path=str(ckpt))
+    rt = _runtime(weights, checkpoint_every=1, **config)
+    rt.on_probe("r", _vec(0.2))
+    rt.on_decode_probe("r", 32, _decode_vec(0.5))
+    rt.on_finished("r", 60, stopped=True, length_capped=False)
+    restarted = _runtime(weights, **config)
+    assert restarted.refine.n_updates == 1
+    np.testing.assert_array_equal(restarted.refine.w, rt.refine.w)
+
+
+def test_refinement_weights_of_another_dimension_are_a_named_error(weights, tmp_path):
+    path = tmp_path / "bad.npz"
+    LinearLengthModel.fit_ridge(
+        np.random.default_rng(0).normal(size=(20, DIM)), np.ones(20) * 9
+    ).save(path)
+    with pytest.raises(ValueError, match="feature dim"):
+        _runtime(weights, refine_weights_path=str(path))

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
+from vllm_ext.leap.refine import fit_refine
 
 PROMPT_SETS = ("sharegpt", "humaneval", "bfcl")
 
@@ -67,6 +69,25 @@ def engine_kwargs(leap: dict, *, kv_cache_bytes: int = 512 << 20) -> dict:
     )
 
 
+@dataclass(frozen=True)
+class Recording:
+    """What one calibration run saw: per request, and per decode probe.
+
+    ``X`` [N, D] prefill probe vectors, ``y`` [N] generated lengths; with
+    ``refine_every`` set, ``decode_X`` [M, D] decode probes taken after
+    ``decode_generated`` [M] output tokens of request ``decode_request`` [M].
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    decode_X: np.ndarray
+    decode_generated: np.ndarray
+    decode_request: np.ndarray
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
 def record(
     model: str,
     prompts: list[str],
@@ -74,47 +95,35 @@ def record(
     max_tokens: int,
     temperature: float,
     dtype: str = "auto",
-) -> tuple[np.ndarray, np.ndarray]:
-    """Probe vectors [N, D] and generated lengths [N] from one engine run (``dtype``: vLLM's)."""
+) -> Recording:
+    """Probe vectors and generated lengths from one engine run (``dtype``: vLLM's).
+
+    ``leap["refine_every"]`` (default 32) also spaces the decode probes recorded
+    for the refinement head.
+    """
     from vllm import LLM, SamplingParams
 
     leap = {**leap, "return_probe": True, "weights_path": None}
     llm = LLM(model=model, dtype=dtype, **engine_kwargs(leap))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
-    vectors, lengths = [], []
+    vectors, lengths, decode = [], [], []
     for out in outputs:
         info = (out.kv_transfer_params or {}).get("leap") or {}
         if info.get("probe") is not None:
+            decode += [(g, v, len(vectors)) for g, v in info.get("decode_probes") or ()]
             vectors.append(info["probe"])
             lengths.append(len(out.outputs[0].token_ids))
     if not vectors:
         raise RuntimeError("no probe vectors came back; is the LEAP connector enabled?")
-    return np.asarray(vectors, dtype=np.float64), np.asarray(lengths, dtype=np.float64)
-
-
-RIDGE_ALPHAS = (0.1, 1.0, 10.0, 100.0, 1000.0)
-
-
-def choose_alpha(
-    X: np.ndarray, y: np.ndarray, alphas=RIDGE_ALPHAS, folds: int = 4, seed: int = 0
-) -> float:
-    """The ridge penalty with the lowest k-fold MAE in log space.
-
-    Hidden states have hundreds of dimensions and calibration sets a few hundred
-    rows, so the penalty decides between fitting noise and fitting signal.
-    """
-    parts = np.array_split(np.random.default_rng(seed).permutation(len(y)), folds)
-    scores = []
-    for alpha in alphas:
-        errors = []
-        for k in range(folds):
-            train = np.concatenate([p for j, p in enumerate(parts) if j != k])
-            model = LinearLengthModel.fit_ridge(X[train], y[train], alpha=alpha)
-            pred = model.predict_batch(X[parts[k]]).total_tokens
-            errors.append(np.abs(np.log1p(pred) - np.log1p(y[parts[k]])))
-        scores.append(float(np.mean(np.concatenate(errors))))
-    return float(alphas[int(np.argmin(scores))])
+    dim = len(vectors[0])
+    return Recording(
+        X=np.asarray(vectors, dtype=np.float64),
+        y=np.asarray(lengths, dtype=np.float64),
+        decode_X=np.asarray([v for _, v, _ in decode], dtype=np.float64).reshape(-1, dim),
+        decode_generated=np.asarray([g for g, _, _ in decode], dtype=np.float64),
+        decode_request=np.asarray([r for _, _, r in decode], dtype=np.int64),
+    )
 
 
 def fit(X: np.ndarray, y: np.ndarray, config: LeapConfig, holdout: float, seed: int):
@@ -148,12 +157,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ridge-alpha", type=float, default=1.0)
     parser.add_argument("--holdout", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--refine-every",
+        type=int,
+        default=0,
+        help="also fit the decode-time refinement head on probes every N output tokens "
+        "(serve it with refine_weights_path and the same refine_every); 0 = off",
+    )
+    parser.add_argument(
+        "--refine-out", default=None, help="refinement weights (default: OUT stem + .refine.npz)"
+    )
     args = parser.parse_args(argv)
+    if args.refine_every < 0:
+        parser.error(f"--refine-every must be >= 0, got {args.refine_every}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     leap = {"layer": args.layer, "pooling": args.pooling, "ridge_alpha": args.ridge_alpha}
+    if args.refine_every:
+        leap["refine_every"] = args.refine_every
     config = LeapConfig(**leap)
     prompts = load_prompts(args.prompts, args.num_prompts, args.seed)
-    X, y = record(args.model, prompts, leap, args.max_tokens, args.temperature)
+    rec = record(args.model, prompts, leap, args.max_tokens, args.temperature)
+    X, y = rec.X, rec.y
     model, quality = fit(X, y, config, args.holdout, args.seed)
     model.save(args.out)
     report = {
@@ -166,9 +190,38 @@ def main(argv: list[str] | None = None) -> int:
         "median_length": float(np.median(y)),
         "holdout": quality,
     }
+    if args.refine_every:
+        report["refine"] = _fit_and_save_refine(rec, config, args)
     Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=2))
     sys.stdout.write(json.dumps(report) + "\n")
     return 0
+
+
+def _fit_and_save_refine(rec: Recording, config: LeapConfig, args) -> dict:
+    """Fit the refinement head on the recording's decode probes, write it, report it."""
+    if len(rec.decode_generated) < 2:
+        raise RuntimeError(
+            f"only {len(rec.decode_generated)} decode probes were recorded; lower "
+            "--refine-every or raise --max-tokens"
+        )
+    head, alpha = fit_refine(
+        rec.X,
+        rec.y,
+        rec.decode_X,
+        rec.decode_generated,
+        rec.decode_request,
+        prefill_alpha=config.ridge_alpha,
+        init_scale=config.rls_init_scale,
+        seed=args.seed,
+    )
+    out = args.refine_out or str(Path(args.out).with_suffix(".refine.npz"))
+    head.save(out)
+    return {
+        "weights": out,
+        "refine_every": args.refine_every,
+        "decode_probes": int(len(rec.decode_generated)),
+        "ridge_alpha": alpha,
+    }
 
 
 if __name__ == "__main__":

@@ -73,8 +73,18 @@ class LeapConfig:
         "max_num_seqs slots prefill them only to read their probe; a probed request that "
         "is not among the shortest is parked again (capped at max_num_seqs - 1; 0 = off)",
     )
+    refine_weights_path: str | None = option(
+        None,
+        doc="refinement head (.npz, from calibrate --refine-every): re-predicts the remaining "
+        "length from the probe layer's state while decoding; None = prefill prediction only",
+    )
+    refine_every: int = option(
+        32, doc="output tokens between two refinements of a request's prediction (>= 1)"
+    )
     return_probe: bool = option(
-        False, doc="return each request's probe vector in kv_transfer_params (calibration)"
+        False,
+        doc="return each request's probe vector (and its refinement probes) in "
+        "kv_transfer_params (calibration)",
     )
 
     def __post_init__(self) -> None:
@@ -83,6 +93,8 @@ class LeapConfig:
         _check_choice(self, "pooling", ("last", "mean"))
         _check_optional_str(self, "weights_path")
         _check_optional_str(self, "checkpoint_path")
+        _check_optional_str(self, "refine_weights_path")
+        _check_int(self, "refine_every", minimum=1)
         _check_int(self, "checkpoint_every", minimum=1)
         if not isinstance(self.online_rls, bool):
             raise ConfigError(f"LeapConfig.online_rls must be a boolean, got {self.online_rls!r}")
@@ -102,6 +114,11 @@ class LeapConfig:
         _check_float(self, "preempt_margin", lambda v: v >= 0, ">= 0")
         _check_int(self, "max_preemptions", minimum=0)
         _check_int(self, "probe_slots", minimum=0)
+
+    @property
+    def decode_probe_every(self) -> int:
+        """Output tokens between decode probes the worker sends (0: none needed)."""
+        return self.refine_every if self.refine_weights_path or self.return_probe else 0
 
     def resolve_layer(self, num_layers: int) -> int:
         """The probed decoder layer for a model with ``num_layers`` layers.

@@ -38,12 +38,16 @@ class LeapMetadata(KVConnectorMetadata):
 @dataclass
 class LeapWorkerMetadata(KVConnectorWorkerMetadata):
     vectors: dict[str, list[float]] = field(default_factory=dict)
+    # refinement probes: req_id -> (output tokens so far, vector)
+    decode: dict[str, tuple[int, list[float]]] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         # tensor-parallel workers see the same batch; any one's vectors will do
         if isinstance(other, LeapWorkerMetadata):
             for req_id, vector in other.vectors.items():
                 self.vectors.setdefault(req_id, vector)
+            for req_id, probe in other.decode.items():
+                self.decode.setdefault(req_id, probe)
         return self
 
 
@@ -99,6 +103,9 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         for req_id, vector in meta.vectors.items():
             if is_live is None or is_live(req_id):
                 self.runtime.on_probe(req_id, vector)
+        for req_id, (generated, vector) in meta.decode.items():
+            if is_live is None or is_live(req_id):
+                self.runtime.on_decode_probe(req_id, generated, vector)
 
     def request_finished(self, request, block_ids):
         info = self.runtime.on_finished(
@@ -116,5 +123,5 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
             return None
         if self.has_connector_metadata():
             probe.forget(self._get_connector_metadata().finished_req_ids)
-        vectors = probe.collect()
-        return LeapWorkerMetadata(vectors=vectors) if vectors else None
+        vectors, decode = probe.collect(), probe.collect_decode()
+        return LeapWorkerMetadata(vectors=vectors, decode=decode) if vectors or decode else None

@@ -44,6 +44,7 @@ class LeapModelLoader(DefaultModelLoader):
             config.pooling,
             model_config.get_hidden_size(),
             vllm_config.scheduler_config.max_num_batched_tokens,
+            refine_every=config.decode_probe_every,
         )
         probe.install(model, runner)
         PROBE = probe

@@ -10,6 +10,10 @@ with the model runner's batch layout (vLLM 0.32 V1 runner: ``input_batch``,
 token was computed in this step. Chunked prefill, prefix-cache hits (the first
 computed chunk starts past the cached tokens) and preemption (the prompt is
 recomputed and the vector re-sent) fall out of that mapping.
+
+With ``refine_every = k > 0`` :meth:`ProbeState.collect_decode` also returns,
+every k output tokens, the same layer's state at the decoding token: the
+remaining-length refinement (TRAIL-style) reads it from the same buffer.
 """
 
 from __future__ import annotations
@@ -68,8 +72,11 @@ class ProbeState:
         max_tokens: rows of the buffer (the step's token budget).
     """
 
-    def __init__(self, layer: int, pooling: str, hidden_size: int, max_tokens: int):
+    def __init__(
+        self, layer: int, pooling: str, hidden_size: int, max_tokens: int, refine_every: int = 0
+    ):
         self.layer = layer
+        self.refine_every = refine_every
         self.pooling = pooling
         self.hidden_size = hidden_size
         self.max_tokens = max_tokens
@@ -117,6 +124,28 @@ class ProbeState:
             )
             if vector is not None:
                 out[req_id] = vector.cpu().tolist()
+        return out
+
+    def collect_decode(self) -> dict[str, tuple[int, list[float]]]:
+        """``{req_id: (generated, vector)}`` of decoding requests at a multiple of ``refine_every``.
+
+        ``generated`` counts the output tokens known when the vector was
+        computed (the decoding input is the latest of them). Multi-token
+        steps (prefill, a resumed request's recompute) are skipped.
+        """
+        if not self.refine_every:
+            return {}
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        starts = self.runner.query_start_loc.cpu[: n + 1].tolist()
+        out: dict[str, tuple[int, list[float]]] = {}
+        for i, req_id in enumerate(batch.req_ids[:n]):
+            first, end = starts[i], starts[i + 1]
+            generated = int(batch.num_computed_tokens_cpu[i]) - int(batch.num_prompt_tokens[i]) + 1
+            if end - first != 1 or end > self.rows_written or generated <= 0:
+                continue
+            if generated % self.refine_every == 0:
+                out[req_id] = (generated, self.buffer[first].cpu().tolist())
         return out
 
     def _pool(self, req_id: str, first_row: int, computed: int, upto: int, prompt: int):

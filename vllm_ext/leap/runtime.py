@@ -18,7 +18,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from vllm_ext.common.counters import Counters, CounterSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel, Prediction
+from vllm_ext.leap.refine import refine_features, refined_prediction
 
 logger = get_logger(__name__)
 
@@ -41,16 +42,22 @@ COUNTERS = (
     CounterSpec("checkpoints", "weights+covariance checkpoints written"),
     CounterSpec("preemptions", "running requests LEAP preempted for a shorter waiting one"),
     CounterSpec("lane_probes", "requests admitted through the probe lane to read their probe"),
+    CounterSpec("refinements", "remaining-length predictions refined from a decode probe"),
+    CounterSpec("refine_rls_updates", "online RLS corrections of the refinement head"),
 )
 
 
 @dataclass
 class _Entry:
     features: np.ndarray | None = None
-    prediction: Prediction | None = None
+    prediction: Prediction | None = None  # the current one: refined while decoding
+    prefill_prediction: Prediction | None = None  # the prefill head's
     prefill_done_at: float | None = None
     failed: bool = False
     hinted: bool = False  # the prediction came from the client and outranks the probe
+    # (features, generated, predicted total) of each refinement, for its RLS
+    refinements: list[tuple[np.ndarray, int, float]] = field(default_factory=list)
+    decode_probes: list[tuple[int, list[float]]] = field(default_factory=list)  # return_probe
 
 
 class LeapRuntime:
@@ -82,6 +89,13 @@ class LeapRuntime:
                 source or config.weights_path,
                 self.model.num_features,
             )
+        self.refine: LinearLengthModel | None = None
+        if config.refine_weights_path and self.model is not None:
+            source = _refine_checkpoint(config.checkpoint_path)
+            source = source if _exists(source) else config.refine_weights_path
+            dim = hidden_size + 2 if hidden_size is not None else None
+            self.refine = LinearLengthModel.load(source, dim=dim)
+            logger.info("LEAP refinement head loaded from %s", source)
         self._entries: dict[str, _Entry] = {}
         self._updates_since_checkpoint = 0
         self._warned: set[str] = set()
@@ -137,7 +151,32 @@ class LeapRuntime:
             return
         if entry.prediction is None:
             self.counters.inc("predictions")
-        entry.prediction, entry.failed = prediction, False
+        entry.prefill_prediction, entry.failed = prediction, False
+        if not entry.refinements:  # a preempted request's prompt recompute re-sends the probe
+            entry.prediction = prediction
+
+    def on_decode_probe(self, req_id: str, generated: int, vector) -> None:
+        """A decode probe after ``generated`` output tokens: refine the remaining length.
+
+        A failed refinement keeps the current prediction (one warning).
+        """
+        entry = self._entries.get(req_id)
+        if entry is None:
+            return  # no prefill probe seen (aborted meanwhile): nothing to refine
+        if self.config.return_probe:
+            entry.decode_probes.append((int(generated), list(vector)))
+        base = entry.prefill_prediction
+        if self.refine is None or entry.hinted or base is None:
+            return
+        try:
+            features = refine_features(vector, generated, base.log_mean)
+            prediction = refined_prediction(self.refine, features, generated, self.config.max_len)
+        except Exception as exc:  # the prefill prediction stays; never fail the request
+            self._warn_once("refine", "LEAP refinement failed (%s); prediction unchanged", exc)
+            return
+        entry.prediction = prediction
+        entry.refinements.append((features, int(generated), prediction.total_tokens))
+        self.counters.inc("refinements")
 
     def _fail(self, entry: _Entry, kind: str, msg: str, *args) -> None:
         if not entry.failed:
@@ -200,9 +239,12 @@ class LeapRuntime:
     ) -> dict:
         """Correct the model with the true length; return what the client gets back."""
         entry = self._entries.pop(req_id, None) or _Entry()
-        predicted = entry.prediction.total_tokens if entry.prediction else None
+        initial = entry.prefill_prediction or entry.prediction
+        predicted = initial.total_tokens if initial else None
         if stopped or length_capped:
             self._length_stats.append(math.log1p(output_tokens))
+        # before the main head's update, whose checkpoint then includes this one
+        self._update_refine(entry, output_tokens, stopped, length_capped)
         if self._use_for_rls(entry, output_tokens, stopped, length_capped):
             try:
                 error = self.model.rls_update(entry.features, output_tokens, self.config.forgetting)
@@ -220,7 +262,26 @@ class LeapRuntime:
         info = {"predicted_tokens": predicted, "output_tokens": output_tokens}
         if self.config.return_probe:
             info["probe"] = entry.features.tolist() if entry.features is not None else None
+            info["decode_probes"] = entry.decode_probes
         return info
+
+    def _update_refine(
+        self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool
+    ) -> None:
+        """RLS on the refinement head, one step per refinement, same censoring rule."""
+        if not (self.config.online_rls and self.refine is not None):
+            return
+        for features, generated, predicted_total in entry.refinements:
+            if not (stopped or (length_capped and predicted_total < output_tokens)):
+                continue
+            remaining = max(output_tokens - generated, 0)
+            try:
+                error = self.refine.rls_update(features, remaining, self.config.forgetting)
+            except Exception as exc:  # a correction must never take the engine down
+                self._warn_once("refine_rls", "LEAP refinement RLS failed (%s)", exc)
+                return
+            if error is not None:
+                self.counters.inc("refine_rls_updates")
 
     def _use_for_rls(
         self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool
@@ -231,11 +292,8 @@ class LeapRuntime:
             return True
         # a length-capped request's true length is only known to be >= the cap:
         # learning the cap is right exactly when we predicted less than it
-        return bool(
-            length_capped
-            and entry.prediction is not None
-            and entry.prediction.total_tokens < output_tokens
-        )
+        initial = entry.prefill_prediction or entry.prediction
+        return bool(length_capped and initial is not None and initial.total_tokens < output_tokens)
 
     def _maybe_checkpoint(self) -> None:
         self._updates_since_checkpoint += 1
@@ -244,12 +302,19 @@ class LeapRuntime:
             self._updates_since_checkpoint = 0
             try:
                 self.model.save(path)
+                if self.refine is not None:
+                    self.refine.save(_refine_checkpoint(path))
                 self.counters.inc("checkpoints")
             except OSError as exc:
                 self._warn_once("checkpoint", "LEAP checkpoint to %s failed: %s", path, exc)
 
     def num_live(self) -> int:
         return len(self._entries)
+
+
+def _refine_checkpoint(path: str | None) -> str | None:
+    """Where the refinement head's checkpoint lives beside the main one."""
+    return f"{path}.refine.npz" if path else None
 
 
 def _exists(path: str | None) -> bool:
