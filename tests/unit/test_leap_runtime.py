@@ -189,7 +189,8 @@ def test_refinement_rls_follows_the_censoring_rule(weights, refine_weights):
     rt.on_decode_probe("capped_low", 32, _decode_vec(-2.0))  # predicts little left
     rt.on_decode_probe("capped_high", 32, _decode_vec(2.0))  # predicts a lot left
     cap = 80
-    assert rt.prediction("capped_low").total_tokens < cap < rt.prediction("capped_high").total_tokens
+    low, high = (rt.prediction(r).total_tokens for r in ("capped_low", "capped_high"))
+    assert low < cap < high
     rt.on_finished("capped_low", cap, stopped=False, length_capped=True)
     rt.on_finished("capped_high", cap, stopped=False, length_capped=True)
     assert rt.counters.value("refine_rls_updates") == 1
