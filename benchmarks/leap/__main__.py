@@ -270,24 +270,49 @@ def _leap_counters(server: VllmServer) -> dict[str, float]:
 
 
 def serve_all(model, variants, prompts, rates, args, logs) -> tuple[dict, dict, dict]:
-    series, counters, power = {}, {}, {}
-    max_tokens = args.max_tokens
-    for name, spec in variants.items():
-        with (
-            _serve(model, spec, logs / f"{name}.log", args.dtype) as server,
-            GpuPowerSampler() as sampler,
-        ):
-            for rate in rates:
-                reqs = _requests(prompts, spec.get("hints"), rate, max_tokens)
-                records = run_trace_sync(
-                    server.base_url, "smollm2", reqs, desc=f"{name} rate={rate:g}"
-                )
-                point = {"request_rate": rate, **summarize(records)}
-                point["output_tokens_mean"] = float(np.mean([r.output_tokens for r in records]))
-                series.setdefault(name, []).append(point)
-            counters[name] = _leap_counters(server)
-        power[name] = sampler.summary()
+    """Every variant on the same trace, ``args.repeats`` rounds; medians over the rounds.
+
+    Rounds go round-robin over the variants (a fresh server each time, so no
+    prefix cache or online state carries over), so a machine that slows down
+    mid-run slows every variant alike. Each point keeps the metric of every
+    round as ``<metric>_runs``.
+    """
+    runs: dict[str, list[dict]] = {}
+    rounds: dict[str, list[dict]] = {}
+    power = {}
+    for round_ in range(args.repeats):
+        for name, spec in variants.items():
+            log = logs / f"{name}-{round_}.log"
+            with _serve(model, spec, log, args.dtype) as server, GpuPowerSampler() as sampler:
+                points = []
+                for rate in rates:
+                    reqs = _requests(prompts, spec.get("hints"), rate, args.max_tokens)
+                    records = run_trace_sync(
+                        server.base_url, "smollm2", reqs, desc=f"{name} rate={rate:g} #{round_}"
+                    )
+                    point = {"request_rate": rate, **summarize(records)}
+                    point["output_tokens_mean"] = float(np.mean([r.output_tokens for r in records]))
+                    points.append(point)
+                runs.setdefault(name, []).append(_leap_counters(server))
+            rounds.setdefault(name, []).append(points)
+            power[name] = sampler.summary()
+    series = {
+        name: [_median_point(list(p)) for p in zip(*r, strict=True)] for name, r in rounds.items()
+    }
+    counters = {name: _median_point(c) for name, c in runs.items()}
     return series, counters, power
+
+
+def _median_point(points: list[dict]) -> dict:
+    """Per key, the median over rounds of numeric values (others from the first round)."""
+    out = {}
+    for key, first in points[0].items():
+        values = [p.get(key) for p in points]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        out[key] = float(np.median(values)) if numeric else first
+    if len(points) > 1 and METRIC in out:
+        out[f"{METRIC}_runs"] = [p[METRIC] for p in points]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="vLLM --dtype of the served and recorded model (auto: the model's bf16; float32 "
         "decodes about 2x faster on CPUs without bf16 units)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds over all variants (round-robin, fresh servers); medians are reported",
     )
     parser.add_argument(
         "--refine-every",
@@ -447,6 +478,7 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
             "test_requests": args.requests,
             "max_tokens": args.max_tokens,
             "max_wait_s": args.max_wait_s,
+            "repeats": args.repeats,
             "layer": args.layer,
             "pooling": args.pooling,
             "predictor_cost": cost,

@@ -7,6 +7,11 @@ the remaining length from it while the request decodes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 
 from tests.engine.leap_helpers import (
@@ -17,6 +22,8 @@ from tests.engine.leap_helpers import (
 )
 from tests.engine.test_leap_engine import MODEL, PROMPTS, _params
 from tests.helpers import engine
+from vllm_ext.assets import model_path
+from vllm_ext.leap.predictor import LinearLengthModel
 
 
 def test_decode_probes_equal_transformers_hidden_states_at_their_token():
@@ -62,3 +69,15 @@ def test_refinement_runs_and_learns_in_the_engine_and_outputs_are_unchanged(tmp_
     refined = connector.counters.value("refine_rls_updates")
     assert refined > 0 and connector.runtime.refine.n_updates == refined
     assert (tmp_path / "ckpt.npz.refine.npz").exists()
+
+
+def test_calibrate_cli_fits_a_refinement_head_for_the_serving_model(tmp_path):
+    out = tmp_path / "w.npz"
+    cmd = [sys.executable, "-m", "vllm_ext.leap.calibrate", "--model", str(model_path("smollm2"))]
+    cmd += ["--out", str(out), "--num-prompts", "12", "--max-tokens", "24", "--refine-every", "8"]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    subprocess.run(cmd, check=True, env=env, timeout=600, capture_output=True)
+    report = json.loads(out.with_suffix(".json").read_text())["refine"]
+    assert report["weights"] == str(tmp_path / "w.refine.npz") and report["decode_probes"] >= 2
+    hidden = LinearLengthModel.load(out).dim
+    LinearLengthModel.load(report["weights"], dim=hidden + 2)  # what the runtime loads
