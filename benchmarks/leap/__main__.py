@@ -20,6 +20,8 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
 - ``leap_margin0``: LEAP with ``preempt_margin=0``: any runner whose predicted
   remaining exceeds a waiting request's expected remaining (the prior, for one
   not prefilled yet) is parked for it, so a burst is probed by admission;
+- ``leap_margin05``: LEAP with ``preempt_margin=0.5`` (the default before it became 0;
+  results written before that change call this variant ``leap``);
 - ``leap_refine`` / ``leap_refine_margin0``: ``leap`` / ``leap_margin0`` plus the
   decode-time refinement head (every ``--refine-every`` output tokens the probe
   layer's state re-predicts the remaining length; fitted on the same calibration
@@ -79,6 +81,7 @@ VARIANTS = (
     "leap_fcfs_prior",
     "leap_lane",
     "leap_margin0",
+    "leap_margin05",
     "leap_refine",
     "leap_refine_margin0",
     "oracle",
@@ -182,6 +185,8 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
     leap_lane = {"leap": {**leap_online["leap"], "probe_slots": 1}}
     # SRPT without the margin: a runner longer than the prior is parked for an unprobed request
     leap_margin0 = {"leap": {**leap_online["leap"], "preempt_margin": 0.0}}
+    # the margin of the results before it became 0 by default
+    leap_margin05 = {"leap": {**leap_online["leap"], "preempt_margin": 0.5}}
     refined = {"refine_weights_path": str(refine), "refine_every": args.refine_every}
     leap_refine = {"leap": {**leap_online["leap"], **refined}}
     leap_refine_margin0 = {"leap": {**leap_margin0["leap"], **refined}}
@@ -194,6 +199,7 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
         "leap_fcfs_prior": {"plugins": True, "config": leap_fcfs_prior},
         "leap_lane": {"plugins": True, "config": leap_lane},
         "leap_margin0": {"plugins": True, "config": leap_margin0},
+        "leap_margin05": {"plugins": True, "config": leap_margin05},
         "leap_refine": {"plugins": True, "config": leap_refine},
         "leap_refine_margin0": {"plugins": True, "config": leap_refine_margin0},
         "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},

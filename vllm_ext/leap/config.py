@@ -62,7 +62,7 @@ class LeapConfig:
         "False = reorder queues only",
     )
     preempt_margin: float = option(
-        0.5,
+        0.0,
         doc="preempt only if the running request's remaining exceeds the waiting one's "
         "expected remaining by this fraction (>= 0)",
     )
