@@ -227,9 +227,9 @@ def _fit_refine(
     head.save(out)
     X_test, y_test = rec["X"][n_cal : n_cal + n_test], rec["y"][n_cal : n_cal + n_test]
     decode_X, generated, request = _decode_rows(rec, n_cal, n_cal + n_test)
-    log_mean = leap_model.predict_batch(X_test).log_mean
-    features, remaining = refine_rows(decode_X, generated, request, log_mean, y_test)
-    prefill_only = np.maximum(leap_model.predict_batch(X_test).total_tokens[request] - generated, 1)
+    prefill = leap_model.predict_batch(X_test)
+    features, remaining = refine_rows(decode_X, generated, request, prefill.log_mean, y_test)
+    prefill_only = np.maximum(prefill.total_tokens[request] - generated, 1)
     return {
         "ridge_alpha": alpha,
         "decode_probes_calibration": int(np.sum(rec["decode_request"] < n_cal)),

@@ -59,6 +59,11 @@ class _Entry:
     refinements: list[tuple[np.ndarray, int, float]] = field(default_factory=list)
     decode_probes: list[tuple[int, list[float]]] = field(default_factory=list)  # return_probe
 
+    @property
+    def initial_prediction(self) -> Prediction | None:
+        """The prediction before any refinement: the prefill head's, or a client hint."""
+        return self.prefill_prediction or self.prediction
+
 
 class LeapRuntime:
     """Predictions per live request and the online-corrected model.
@@ -239,7 +244,7 @@ class LeapRuntime:
     ) -> dict:
         """Correct the model with the true length; return what the client gets back."""
         entry = self._entries.pop(req_id, None) or _Entry()
-        initial = entry.prefill_prediction or entry.prediction
+        initial = entry.initial_prediction
         predicted = initial.total_tokens if initial else None
         if stopped or length_capped:
             self._length_stats.append(math.log1p(output_tokens))
@@ -292,7 +297,7 @@ class LeapRuntime:
             return True
         # a length-capped request's true length is only known to be >= the cap:
         # learning the cap is right exactly when we predicted less than it
-        initial = entry.prefill_prediction or entry.prediction
+        initial = entry.initial_prediction
         return bool(length_capped and initial is not None and initial.total_tokens < output_tokens)
 
     def _maybe_checkpoint(self) -> None:
