@@ -33,8 +33,10 @@ def server(tmp_path_factory):
     # chunks of one block: in vLLM 0.32's multiprocess engine the EngineCore keeps
     # mamba_block_size=16 (the platform raises it to 384 only in the worker), so longer
     # chunks do not end on 384-token boundaries and no boundary state exists to store
+    # bf16 SSM state: 384-token blocks on every CPU (float32 state, vLLM's choice on
+    # AVX-512-BF16 CPUs, makes them 640)
     args = [*SERVE_ARGS, "--served-model-name", "tiny", "--plugins", "histate",
-            "--max-num-batched-tokens", "384"]  # fmt: skip
+            "--max-num-batched-tokens", "384", "--mamba-ssm-cache-dtype", "bfloat16"]  # fmt: skip
     with VllmServer(
         str(model_path("tiny-hybrid")), args, launcher="vllm-ext", env=env, log_path=log
     ) as srv:

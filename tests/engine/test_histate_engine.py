@@ -20,8 +20,11 @@ from vllm_ext.histate.policy import snap_key
 
 MODEL = "tiny-hybrid"
 BLOCK = 384  # tiny-hybrid's hybrid block size with prefix caching (vllm-surface 5.2)
-# a small device pool (8 MiB ~ 20 blocks) so other traffic evicts a prefix; chunked prefill
+# a small device pool (8 MiB ~ 20 blocks) so other traffic evicts a prefix; chunked prefill.
+# bf16 SSM state pins the layout on every CPU: with AVX-512-BF16 vLLM otherwise switches
+# the state to float32, whose larger page raises the hybrid block size to 640 tokens
 ENGINE = dict(
+    mamba_ssm_cache_dtype="bfloat16",
     enable_prefix_caching=True,
     max_num_batched_tokens=512,
     max_model_len=2048,
@@ -99,6 +102,8 @@ def histate(reference, tmp_path_factory):
     directory = tmp_path_factory.mktemp("histate")
     with engine(MODEL, **histate_kwargs(directory=str(directory), host_bytes=256 << 20)) as llm:
         conn = scheduler_of(llm).connector
+        # every expectation below counts in BLOCK-token blocks
+        assert conn.block_size == BLOCK
         yield llm, conn
         conn.shutdown()  # persist now, not in an exit-time finalizer
     del llm

@@ -1,0 +1,33 @@
+"""HiState on the other page layout of the tiny hybrid: float32 recurrent state.
+
+The HiState engine tests pin bf16 SSM state (384-token blocks). vLLM picks
+float32 state on CPUs with AVX-512-BF16, and the larger state page raises the
+hybrid block to 640 tokens; this checks that HiState restores exactly there too,
+counting in whatever block size the engine chose.
+"""
+
+from __future__ import annotations
+
+from tests.engine.test_histate_engine import MODEL, _run, _tokens, histate_kwargs, scheduler_of
+from tests.helpers import engine
+
+
+def test_float32_state_layout_restores_the_cold_tokens():
+    kwargs = {**histate_kwargs(host_bytes=64 << 20), "mamba_ssm_cache_dtype": "float32"}
+    with engine(MODEL, **kwargs) as llm:
+        conn = scheduler_of(llm).connector
+        block = conn.block_size
+        assert block == 640  # float32 state page: not the bf16 layout the other tests use
+        prompt = _tokens(900, 2 * block + 1)
+        cold = list(_run(llm, prompt).outputs[0].token_ids)  # a miss everywhere: computed
+        conn.runtime.drain()
+        llm.reset_prefix_cache()
+        before = conn.counters.value("hit_tokens")
+        again = list(_run(llm, prompt).outputs[0].token_ids)
+        assert again == cold
+        assert conn.counters.value("hit_tokens") - before == 2 * block
+        assert conn.counters.value("snapshots_loaded_host") > 0
+        conn.runtime.drain()
+        assert conn.idle_state() == {"requests": 0, "plans": 0, "loads": 0, "inflight": 0}
+        conn.shutdown()
+    del llm
