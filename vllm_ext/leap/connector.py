@@ -123,5 +123,5 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
             return None
         if self.has_connector_metadata():
             probe.forget(self._get_connector_metadata().finished_req_ids)
-        vectors, decode = probe.collect(), probe.collect_decode()
+        vectors, decode = probe.collect()
         return LeapWorkerMetadata(vectors=vectors, decode=decode) if vectors or decode else None

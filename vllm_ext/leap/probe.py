@@ -7,11 +7,12 @@ when installed at load time (a hook added after compilation never fires).
 After the forward pass, :meth:`ProbeState.collect` maps buffer rows to requests
 with the model runner's batch layout (vLLM 0.32 V1 runner: ``input_batch``,
 ``query_start_loc``) and returns one vector per request whose last prompt
-token was computed in this step. Chunked prefill, prefix-cache hits (the first
-computed chunk starts past the cached tokens) and preemption (the prompt is
-recomputed and the vector re-sent) fall out of that mapping.
+token was computed in this step, all copied to the host in one transfer.
+Chunked prefill, prefix-cache hits (the first computed chunk starts past the
+cached tokens) and preemption (the prompt is recomputed and the vector
+re-sent) fall out of that mapping.
 
-With ``refine_every = k > 0`` :meth:`ProbeState.collect_decode` also returns,
+With ``refine_every = k > 0`` :meth:`ProbeState.collect` also returns,
 every k output tokens, the same layer's state at the decoding token: the
 remaining-length refinement (TRAIL-style) reads it from the same buffer.
 """
@@ -107,46 +108,51 @@ class ProbeState:
         self.runner = runner
         logger.info("LEAP probe on decoder layer %d (%s pooling)", self.layer, self.pooling)
 
-    def collect(self) -> dict[str, list[float]]:
-        """Vectors of requests whose prompt ended in the step just computed."""
+    def collect(self) -> tuple[dict[str, list[float]], dict[str, tuple[int, list[float]]]]:
+        """Vectors of the step just computed: ``(prompt_vectors, decode_vectors)``.
+
+        ``prompt_vectors``: ``{req_id: vector}`` of requests whose prompt ended
+        in this step. ``decode_vectors`` (only with ``refine_every``):
+        ``{req_id: (generated, vector)}`` of single-token decode steps at a
+        multiple of ``refine_every``; ``generated`` counts the output tokens
+        known when the vector was computed (the decoding input is the latest of
+        them). Multi-token steps past the prompt (a resumed request's
+        recompute) give neither. All vectors leave the device in one copy.
+        """
         batch = self.runner.input_batch
         n = batch.num_reqs
         starts = self.runner.query_start_loc.cpu[: n + 1].tolist()
-        out: dict[str, list[float]] = {}
+        prompt_ids, decode_ids, generated_at, rows = [], [], [], []
         for i, req_id in enumerate(batch.req_ids[:n]):
+            first, end = starts[i], starts[i + 1]
+            if end > self.rows_written:
+                continue  # rows not captured
             computed = int(batch.num_computed_tokens_cpu[i])
             prompt = int(batch.num_prompt_tokens[i])
-            first, end = starts[i], starts[i + 1]
-            if computed >= prompt or end > self.rows_written:
-                continue  # decoding, or rows not captured
-            vector = self._pool(
-                req_id, first, computed, min(prompt, computed + end - first), prompt
-            )
-            if vector is not None:
-                out[req_id] = vector.cpu().tolist()
-        return out
+            if computed < prompt:
+                upto = min(prompt, computed + end - first)
+                vector = self._pool(req_id, first, computed, upto, prompt)
+                if vector is not None:
+                    prompt_ids.append(req_id)
+                    rows.append(vector)
+            elif end - first == 1 and self._decode_probe_due(computed - prompt + 1):
+                decode_ids.append(req_id)
+                generated_at.append(computed - prompt + 1)
+                rows.append(self.buffer[first])
+        if not rows:
+            return {}, {}
+        # one device -> host copy (one sync on an accelerator) for the whole step
+        host = torch.stack(rows).cpu().tolist()
+        decode_rows = host[len(prompt_ids) :]
+        prompt_vectors = dict(zip(prompt_ids, host, strict=False))
+        decode_vectors = {
+            req_id: (generated, vector)
+            for req_id, generated, vector in zip(decode_ids, generated_at, decode_rows, strict=True)
+        }
+        return prompt_vectors, decode_vectors
 
-    def collect_decode(self) -> dict[str, tuple[int, list[float]]]:
-        """``{req_id: (generated, vector)}`` of decoding requests at a multiple of ``refine_every``.
-
-        ``generated`` counts the output tokens known when the vector was
-        computed (the decoding input is the latest of them). Multi-token
-        steps (prefill, a resumed request's recompute) are skipped.
-        """
-        if not self.refine_every:
-            return {}
-        batch = self.runner.input_batch
-        n = batch.num_reqs
-        starts = self.runner.query_start_loc.cpu[: n + 1].tolist()
-        out: dict[str, tuple[int, list[float]]] = {}
-        for i, req_id in enumerate(batch.req_ids[:n]):
-            first, end = starts[i], starts[i + 1]
-            generated = int(batch.num_computed_tokens_cpu[i]) - int(batch.num_prompt_tokens[i]) + 1
-            if end - first != 1 or end > self.rows_written or generated <= 0:
-                continue
-            if generated % self.refine_every == 0:
-                out[req_id] = (generated, self.buffer[first].cpu().tolist())
-        return out
+    def _decode_probe_due(self, generated: int) -> bool:
+        return self.refine_every > 0 and generated % self.refine_every == 0
 
     def _pool(self, req_id: str, first_row: int, computed: int, upto: int, prompt: int):
         # prompt positions [computed, upto) sit at rows first_row + (pos - computed)
