@@ -48,6 +48,28 @@ def test_probe_vector_becomes_a_prediction_that_orders_by_length(weights):
     assert rt.counters.value("predictions") == 2
 
 
+def test_a_step_of_vectors_is_predicted_in_one_batch_as_one_by_one(weights):
+    vectors = {f"r{i}": np.float32(_vec(i / 4 - 1)) for i in range(6)}
+    batched, single = _runtime(weights), _runtime(weights)
+    batched.on_probes(vectors)
+    for req_id, vector in vectors.items():
+        single.on_probe(req_id, vector)
+    for req_id in vectors:
+        a, b = batched.prediction(req_id), single.prediction(req_id)
+        assert a.log_mean == pytest.approx(b.log_mean, abs=1e-12)
+        assert a.log_std == pytest.approx(b.log_std, abs=1e-12)
+    assert batched.counters.value("predictions") == 6
+
+
+def test_a_bad_vector_in_a_batch_fails_only_its_own_request(weights):
+    rt = _runtime(weights)
+    rt.on_probes({"good": _vec(0.5), "nan": [float("nan")] * DIM, "other": _vec(-0.5)})
+    assert rt.prediction("good") is not None and rt.prediction("other") is not None
+    assert rt.prediction("nan") is None
+    assert rt.counters.value("predictions") == 2
+    assert rt.counters.value("fallbacks") == 1
+
+
 def test_no_model_means_no_predictions_but_features_are_kept_for_calibration(tmp_path):
     rt = _runtime(return_probe=True)
     rt.on_probe("r", _vec(0.5))

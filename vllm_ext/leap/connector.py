@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -37,9 +38,10 @@ class LeapMetadata(KVConnectorMetadata):
 
 @dataclass
 class LeapWorkerMetadata(KVConnectorWorkerMetadata):
-    vectors: dict[str, list[float]] = field(default_factory=dict)
+    # req_id -> [hidden] float32 numpy vector (rows of one array copied off the device)
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)
     # refinement probes: req_id -> (output tokens so far, vector)
-    decode: dict[str, tuple[int, list[float]]] = field(default_factory=dict)
+    decode: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         # tensor-parallel workers see the same batch; any one's vectors will do
@@ -100,9 +102,9 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         if not isinstance(meta, LeapWorkerMetadata) or meta is self._delivered:
             return
         self._delivered = meta
-        for req_id, vector in meta.vectors.items():
-            if is_live is None or is_live(req_id):
-                self.runtime.on_probe(req_id, vector)
+        self.runtime.on_probes(
+            {r: v for r, v in meta.vectors.items() if is_live is None or is_live(r)}
+        )
         for req_id, (generated, vector) in meta.decode.items():
             if is_live is None or is_live(req_id):
                 self.runtime.on_decode_probe(req_id, generated, vector)

@@ -108,7 +108,7 @@ class ProbeState:
         self.runner = runner
         logger.info("LEAP probe on decoder layer %d (%s pooling)", self.layer, self.pooling)
 
-    def collect(self) -> tuple[dict[str, list[float]], dict[str, tuple[int, list[float]]]]:
+    def collect(self) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         """Vectors of the step just computed: ``(prompt_vectors, decode_vectors)``.
 
         ``prompt_vectors``: ``{req_id: vector}`` of requests whose prompt ended
@@ -117,7 +117,8 @@ class ProbeState:
         multiple of ``refine_every``; ``generated`` counts the output tokens
         known when the vector was computed (the decoding input is the latest of
         them). Multi-token steps past the prompt (a resumed request's
-        recompute) give neither. All vectors leave the device in one copy.
+        recompute) give neither. Vectors are float32 numpy rows of one array:
+        they leave the device in one copy, with no per-float Python conversion.
         """
         batch = self.runner.input_batch
         n = batch.num_reqs
@@ -142,7 +143,7 @@ class ProbeState:
         if not rows:
             return {}, {}
         # one device -> host copy (one sync on an accelerator) for the whole step
-        host = torch.stack(rows).cpu().tolist()
+        host = torch.stack(rows).float().cpu().numpy()
         decode_rows = host[len(prompt_ids) :]
         prompt_vectors = dict(zip(prompt_ids, host, strict=False))
         decode_vectors = {

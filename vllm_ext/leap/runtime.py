@@ -138,8 +138,35 @@ class LeapRuntime:
             self._warned.add(kind)
             logger.warning(msg, *args)
 
-    def on_probe(self, req_id: str, vector) -> None:
-        """A probe vector arrived for ``req_id`` (prefill done, maybe again after preemption)."""
+    def on_probes(self, vectors: dict) -> None:
+        """The probe vectors of one step: one batched prediction for all of them.
+
+        Per request (so a bad vector fails only its own request) when the batch
+        prediction fails or there is a single vector.
+        """
+        if self.model is None or len(vectors) < 2:
+            for req_id, vector in vectors.items():
+                self.on_probe(req_id, vector)
+            return
+        try:
+            X = np.asarray(list(vectors.values()), dtype=np.float64)
+            batch = self.model.predict_batch(X, max_len=self.config.max_len)
+        except Exception:  # on_probe names the failing request(s) and falls back to FCFS
+            for req_id, vector in vectors.items():
+                self.on_probe(req_id, vector)
+            return
+        for i, req_id in enumerate(vectors):
+            prediction = Prediction(
+                float(batch.log_mean[i]), float(batch.log_std[i]), float(batch.total_tokens[i])
+            )
+            self.on_probe(req_id, X[i], prediction)
+
+    def on_probe(self, req_id: str, vector, prediction: Prediction | None = None) -> None:
+        """A probe vector arrived for ``req_id`` (prefill done, maybe again after preemption).
+
+        ``prediction``: the head's prediction for ``vector`` when the caller
+        already made it (:meth:`on_probes`).
+        """
         entry = self._entries.setdefault(req_id, _Entry())
         entry.prefill_done_at = entry.prefill_done_at or self.clock()
         entry.features = np.asarray(vector, dtype=np.float64)
@@ -147,7 +174,8 @@ class LeapRuntime:
         if self.model is None or entry.hinted:
             return
         try:
-            prediction = self.model.predict(entry.features, max_len=self.config.max_len)
+            if prediction is None:
+                prediction = self.model.predict(entry.features, max_len=self.config.max_len)
         except Exception as exc:  # any predictor failure degrades to FCFS for this request
             entry.features = None
             self._fail(
@@ -169,7 +197,7 @@ class LeapRuntime:
         if entry is None:
             return  # no prefill probe seen (aborted meanwhile): nothing to refine
         if self.config.return_probe:
-            entry.decode_probes.append((int(generated), list(vector)))
+            entry.decode_probes.append((int(generated), np.asarray(vector, float).tolist()))
         base = entry.prefill_prediction
         if self.refine is None or entry.hinted or base is None:
             return
