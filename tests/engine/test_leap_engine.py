@@ -215,17 +215,21 @@ def test_absurd_predictions_are_clamped_and_never_corrupt_the_model(tmp_path):
     connector.runtime.model.check_invariants()
 
 
-def test_rls_corrects_online_and_checkpoints(tmp_path):
+@pytest.mark.parametrize("rls_thread", [False, True], ids=["inline", "background"])
+def test_rls_corrects_online_and_checkpoints(tmp_path, rls_thread):
     # predicts 2 tokens; every request runs to its 10-token cap, so RLS learns
     weights = write_weights(tmp_path / "w.npz", 128, constant=2.0)
     ckpt = tmp_path / "ckpt.npz"
-    leap = {"weights_path": str(weights), "checkpoint_path": str(ckpt), "checkpoint_every": 2}
+    leap = {"weights_path": str(weights), "checkpoint_path": str(ckpt), "checkpoint_every": 2,
+            "rls_thread": rls_thread}  # fmt: skip
     with engine(MODEL, **leap_engine_kwargs(leap)) as llm:
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in PROMPTS], _params(10, ignore_eos=False)
         )
         counters = leap_connector_of(llm).counters
         runtime = leap_connector_of(llm).runtime
+        runtime.drain()
+    assert runtime.background_rls == rls_thread
     assert counters.value("predictions") == len(PROMPTS)
     assert counters.value("rls_updates") == len(PROMPTS)
     assert counters.value("checkpoints") >= 1 and ckpt.exists()

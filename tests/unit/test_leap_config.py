@@ -67,6 +67,7 @@ def test_unknown_key_is_an_error():
         ("prediction_timeout_s", -1.0),
         ("max_len", 0),
         ("max_len", 10.5),
+        ("rls_thread", "yes"),
     ],
 )
 def test_bad_value_names_the_field(field, value):
@@ -87,6 +88,15 @@ def test_decode_probes_are_sent_only_when_something_reads_them():
     assert LeapConfig().decode_probe_every == 0
     assert LeapConfig(refine_weights_path="r.npz", refine_every=16).decode_probe_every == 16
     assert LeapConfig(return_probe=True).decode_probe_every == 32
+
+
+def test_rls_runs_in_the_background_on_accelerators_unless_told():
+    assert LeapConfig().rls_in_background(on_cpu=False)
+    assert not LeapConfig().rls_in_background(on_cpu=True)
+    assert LeapConfig(rls_thread=True).rls_in_background(on_cpu=True)
+    assert not LeapConfig(rls_thread=False).rls_in_background(on_cpu=False)
+    env = {"VLLM_EXT_LEAP_RLS_THREAD": "true"}
+    assert load_leap_config(environ=env).rls_thread is True
 
 
 @pytest.mark.parametrize("num_layers, expected", [(1, 0), (2, 1), (30, 15), (31, 15)])

@@ -31,9 +31,12 @@ def weights(tmp_path):
     return path
 
 
-def _runtime(weights=None, clock=None, **config):
+def _runtime(weights=None, clock=None, background_rls=False, **config):
     cfg = LeapConfig(weights_path=str(weights) if weights else None, **config)
-    return LeapRuntime(cfg, Counters("leap", COUNTERS), clock=clock or Clock(), hidden_size=DIM)
+    counters = Counters("leap", COUNTERS)
+    return LeapRuntime(
+        cfg, counters, clock=clock or Clock(), hidden_size=DIM, background_rls=background_rls
+    )
 
 
 def _vec(first: float) -> list[float]:
@@ -118,6 +121,43 @@ def test_rls_learns_from_stopped_and_under_predicted_capped_requests_only(weight
     assert rt.num_live() == 0
 
 
+@pytest.mark.parametrize("drain_each", [True, False], ids=["in_step", "lagging"])
+def test_background_rls_learns_what_inline_rls_learns(
+    weights, refine_weights, tmp_path, drain_each
+):
+    runtimes = {
+        background: _runtime(
+            weights,
+            background_rls=background,
+            refine_weights_path=str(refine_weights),
+            checkpoint_path=str(tmp_path / f"ck{background}.npz"),
+            checkpoint_every=3,
+        )
+        for background in (False, True)
+    }
+    rng = np.random.default_rng(5)
+    for i in range(10):
+        vector, decode = _vec(rng.normal()), _decode_vec(rng.normal())
+        for rt in runtimes.values():
+            rt.on_probe(f"r{i}", vector)
+            rt.on_decode_probe(f"r{i}", 32, decode)
+            rt.on_finished(f"r{i}", 40 + 20 * i, stopped=True, length_capped=False)
+            if drain_each:
+                rt.drain()
+    runtimes[True].drain()
+    inline, background = runtimes[False], runtimes[True]
+    # the same updates in the same order: bitwise the same main head. The refinement
+    # features carry the prefill prediction, which a lagging worker may not have
+    # corrected yet: its head then equals inline only when each update lands in-step
+    heads = ("model", "refine") if drain_each else ("model",)
+    for head in heads:
+        a, b = getattr(inline, head), getattr(background, head)
+        assert np.array_equal(a.w, b.w) and np.array_equal(a.P, b.P), head
+    for name in ("rls_updates", "refine_rls_updates", "checkpoints"):
+        assert inline.counters.value(name) == background.counters.value(name) > 0, name
+    assert (tmp_path / "ckTrue.npz").exists()
+
+
 def test_checkpoint_is_written_and_wins_over_weights_on_restart(weights, tmp_path):
     ckpt = tmp_path / "ckpt.npz"
     rt = _runtime(weights, checkpoint_path=str(ckpt), checkpoint_every=2)
@@ -182,6 +222,28 @@ def test_decode_probe_refines_to_generated_plus_predicted_remaining(weights, ref
     info = rt.on_finished("r", 400, stopped=True, length_capped=False)
     assert info["predicted_tokens"] == pytest.approx(prefill)  # the prefill head's, reported
     assert rt.counters.value("refine_rls_updates") == 1
+
+
+def test_a_step_of_decode_probes_is_refined_in_one_batch_as_one_by_one(weights, refine_weights):
+    probes = {f"r{i}": (32 * (i + 1), _decode_vec(i / 3 - 1)) for i in range(5)}
+    batched, single = (_runtime(weights, refine_weights_path=str(refine_weights)) for _ in "ab")
+    for rt in (batched, single):
+        for req_id in [*probes, "bad"]:
+            rt.on_probe(req_id, _vec(0.25))
+    batched.on_decode_probes({**probes, "gone": (32, _decode_vec(0.0))})
+    for req_id, (generated, vector) in probes.items():
+        single.on_decode_probe(req_id, generated, vector)
+    for req_id in probes:
+        a, b = batched.prediction(req_id), single.prediction(req_id)
+        assert a.total_tokens == pytest.approx(b.total_tokens, rel=1e-12)
+        assert a.log_std == pytest.approx(b.log_std, abs=1e-12)
+    assert batched.counters.value("refinements") == 5
+    assert batched.num_live() == 6  # "gone" (aborted) left no entry
+    # a NaN probe fails the batch: each request is then refined alone, the NaN one not
+    before = batched.prediction("bad")
+    batched.on_decode_probes({"bad": (64, [float("nan")] * DIM), "r0": (64, _decode_vec(0.5))})
+    assert batched.counters.value("refinements") == 6
+    assert batched.prediction("bad") == before
 
 
 def test_hinted_and_unprobed_requests_are_not_refined(weights, refine_weights):

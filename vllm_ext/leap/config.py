@@ -81,6 +81,12 @@ class LeapConfig:
     refine_every: int = option(
         32, doc="output tokens between two refinements of a request's prediction (>= 1)"
     )
+    rls_thread: bool | None = option(
+        None,
+        doc="apply RLS updates (and checkpoints) on a background thread, so the scheduler "
+        "never waits for them; None = on when the engine runs on an accelerator, off on CPU "
+        "(where the engine's threads already use every core)",
+    )
     return_probe: bool = option(
         False,
         doc="return each request's probe vector (and its refinement probes) in "
@@ -106,6 +112,10 @@ class LeapConfig:
         _check_choice(self, "prior", ("fcfs", "prompt_length"))
         _check_float(self, "prediction_timeout_s", lambda v: v > 0, "> 0")
         _check_int(self, "max_len", minimum=1)
+        if self.rls_thread is not None and not isinstance(self.rls_thread, bool):
+            raise ConfigError(
+                f"LeapConfig.rls_thread must be a boolean or None, got {self.rls_thread!r}"
+            )
         for name in ("preempt", "return_probe"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
@@ -114,6 +124,10 @@ class LeapConfig:
         _check_float(self, "preempt_margin", lambda v: v >= 0, ">= 0")
         _check_int(self, "max_preemptions", minimum=0)
         _check_int(self, "probe_slots", minimum=0)
+
+    def rls_in_background(self, on_cpu: bool) -> bool:
+        """Whether RLS runs on its own thread for an engine on the CPU (``on_cpu``) or not."""
+        return (not on_cpu) if self.rls_thread is None else self.rls_thread
 
     @property
     def decode_probe_every(self) -> int:

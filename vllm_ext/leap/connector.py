@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.platforms import current_platform
 from vllm.v1.request import RequestStatus
 
 from vllm_ext.common.connector import NoKVTransfer
@@ -76,7 +77,10 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         self.config = leap_config_from_vllm(vllm_config)
         self.runtime = (
             LeapRuntime(
-                self.config, self.counters, hidden_size=vllm_config.model_config.get_hidden_size()
+                self.config,
+                self.counters,
+                hidden_size=vllm_config.model_config.get_hidden_size(),
+                background_rls=self.config.rls_in_background(current_platform.is_cpu()),
             )
             if role == KVConnectorRole.SCHEDULER
             else None
@@ -105,9 +109,9 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         self.runtime.on_probes(
             {r: v for r, v in meta.vectors.items() if is_live is None or is_live(r)}
         )
-        for req_id, (generated, vector) in meta.decode.items():
-            if is_live is None or is_live(req_id):
-                self.runtime.on_decode_probe(req_id, generated, vector)
+        self.runtime.on_decode_probes(
+            {r: p for r, p in meta.decode.items() if is_live is None or is_live(r)}
+        )
 
     def request_finished(self, request, block_ids):
         info = self.runtime.on_finished(

@@ -52,9 +52,20 @@ def refined_prediction(
     ``log_std`` is the head's uncertainty of log1p(remaining); the total is
     clamped to ``max_len`` like the prefill prediction.
     """
-    remaining = model.predict(features, max_len=max_len)
-    total = min(generated + remaining.total_tokens, float(max_len))
-    return Prediction(math.log1p(total), remaining.log_std, total)
+    (prediction,) = refined_predictions(model, np.asarray(features)[None, :], [generated], max_len)
+    return prediction
+
+
+def refined_predictions(
+    model: LinearLengthModel, features: np.ndarray, generated, max_len: int
+) -> list[Prediction]:
+    """:func:`refined_prediction` of [B, D+2] ``features`` in one batch."""
+    remaining = model.predict_batch(features, max_len=max_len)
+    out = []
+    for i, done in enumerate(generated):
+        total = min(done + float(remaining.total_tokens[i]), float(max_len))
+        out.append(Prediction(math.log1p(total), float(remaining.log_std[i]), total))
+    return out
 
 
 def refine_rows(

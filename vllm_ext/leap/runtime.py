@@ -3,7 +3,9 @@
 Pure Python + numpy (no vLLM): the LeapConnector feeds it probe vectors from
 the worker and finished requests; the LeapScheduler reads predictions. The
 linear head runs here, on the CPU of the EngineCore process, off the
-accelerator: a dot product of hidden-size length per request.
+accelerator: one batched prediction per step. RLS updates (O(hidden^2) each)
+run on a background thread when the engine has an accelerator
+(``rls_thread``), so the scheduler never waits for them.
 
 Failure rule: any problem with one request's prediction (non-finite vector,
 predictor error, no vector within ``prediction_timeout_s``) leaves that
@@ -18,6 +20,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +29,7 @@ from vllm_ext.common.counters import Counters, CounterSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel, Prediction
-from vllm_ext.leap.refine import refine_features, refined_prediction
+from vllm_ext.leap.refine import refine_features, refined_prediction, refined_predictions
 
 logger = get_logger(__name__)
 
@@ -80,6 +83,7 @@ class LeapRuntime:
         counters: Counters,
         clock: Callable[[], float] = time.monotonic,
         hidden_size: int | None = None,
+        background_rls: bool = False,
     ):
         self.config = config
         self.counters = counters
@@ -106,6 +110,11 @@ class LeapRuntime:
         self._warned: set[str] = set()
         # log1p of recent finished lengths: the prior when there is no model
         self._length_stats: deque[float] = deque(maxlen=256)
+        # one worker keeps the updates in finishing order: the same weights as inline
+        self._rls_pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="leap-rls") if background_rls else None
+        )
+        self._last_rls: Future | None = None
 
     @property
     def active(self) -> bool:
@@ -188,28 +197,60 @@ class LeapRuntime:
         if not entry.refinements:  # a preempted request's prompt recompute re-sends the probe
             entry.prediction = prediction
 
-    def on_decode_probe(self, req_id: str, generated: int, vector) -> None:
+    def on_decode_probes(self, probes: dict) -> None:
+        """The decode probes of one step (``{req_id: (generated, vector)}``): one batched
+        refinement (per request where the batch fails)."""
+        refinable = [r for r in probes if self._refinable(r)]
+        predictions = {}
+        if len(refinable) > 1:
+            try:
+                features = np.stack([self._refine_features(r, *probes[r]) for r in refinable])
+                generated = [probes[r][0] for r in refinable]
+                batch = refined_predictions(self.refine, features, generated, self.config.max_len)
+                predictions = dict(zip(refinable, zip(features, batch, strict=True), strict=True))
+            except Exception:  # on_decode_probe warns about the failing request
+                predictions = {}
+        for req_id, (generated, vector) in probes.items():
+            self.on_decode_probe(req_id, generated, vector, predictions.get(req_id))
+
+    def on_decode_probe(self, req_id: str, generated: int, vector, refined=None) -> None:
         """A decode probe after ``generated`` output tokens: refine the remaining length.
 
-        A failed refinement keeps the current prediction (one warning).
+        ``refined``: ``(features, prediction)`` when the caller already made
+        them (:meth:`on_decode_probes`). A failed refinement keeps the current
+        prediction (one warning).
         """
         entry = self._entries.get(req_id)
         if entry is None:
             return  # no prefill probe seen (aborted meanwhile): nothing to refine
         if self.config.return_probe:
             entry.decode_probes.append((int(generated), np.asarray(vector, float).tolist()))
-        base = entry.prefill_prediction
-        if self.refine is None or entry.hinted or base is None:
+        if not self._refinable(req_id):
             return
         try:
-            features = refine_features(vector, generated, base.log_mean)
-            prediction = refined_prediction(self.refine, features, generated, self.config.max_len)
+            if refined is None:
+                features = self._refine_features(req_id, generated, vector)
+                prediction = refined_prediction(
+                    self.refine, features, generated, self.config.max_len
+                )
+            else:
+                features, prediction = refined
         except Exception as exc:  # the prefill prediction stays; never fail the request
             self._warn_once("refine", "LEAP refinement failed (%s); prediction unchanged", exc)
             return
         entry.prediction = prediction
         entry.refinements.append((features, int(generated), prediction.total_tokens))
         self.counters.inc("refinements")
+
+    def _refinable(self, req_id: str) -> bool:
+        entry = self._entries.get(req_id)
+        return not (
+            entry is None or self.refine is None or entry.hinted or entry.prefill_prediction is None
+        )
+
+    def _refine_features(self, req_id: str, generated: int, vector) -> np.ndarray:
+        base = self._entries[req_id].prefill_prediction
+        return refine_features(vector, generated, base.log_mean)
 
     def _fail(self, entry: _Entry, kind: str, msg: str, *args) -> None:
         if not entry.failed:
@@ -276,6 +317,20 @@ class LeapRuntime:
         predicted = initial.total_tokens if initial else None
         if stopped or length_capped:
             self._length_stats.append(math.log1p(output_tokens))
+        if self._rls_pool is None:
+            self._learn(entry, output_tokens, stopped, length_capped)
+        else:  # O(D^2) per update: off the scheduler's step
+            self._last_rls = self._rls_pool.submit(
+                self._learn, entry, output_tokens, stopped, length_capped
+            )
+        info = {"predicted_tokens": predicted, "output_tokens": output_tokens}
+        if self.config.return_probe:
+            info["probe"] = entry.features.tolist() if entry.features is not None else None
+            info["decode_probes"] = entry.decode_probes
+        return info
+
+    def _learn(self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool):
+        """RLS on both heads from one finished request; a checkpoint when one is due."""
         # before the main head's update, whose checkpoint then includes this one
         self._update_refine(entry, output_tokens, stopped, length_capped)
         if self._use_for_rls(entry, output_tokens, stopped, length_capped):
@@ -292,11 +347,16 @@ class LeapRuntime:
                 self._maybe_checkpoint()
         elif self.model is not None:
             self.counters.inc("rls_skipped")
-        info = {"predicted_tokens": predicted, "output_tokens": output_tokens}
-        if self.config.return_probe:
-            info["probe"] = entry.features.tolist() if entry.features is not None else None
-            info["decode_probes"] = entry.decode_probes
-        return info
+
+    @property
+    def background_rls(self) -> bool:
+        """True when RLS updates run on the background thread."""
+        return self._rls_pool is not None
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every RLS update handed to the background thread is applied."""
+        if self._last_rls is not None:
+            self._last_rls.result(timeout)
 
     def _update_refine(
         self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool
