@@ -161,10 +161,9 @@ def measure_step(model, probe, layer, shape, runner, runtime, repeats) -> dict:
     for req_id in decode_vecs:
         runtime.on_probe(req_id, next(iter(decode_vecs.values()))[1])
 
-    def host():
+    def host():  # what LeapConnector.deliver_probes does with one step's metadata
         runtime.on_probes(prompt_vecs)
-        for req_id, (generated, vector) in decode_vecs.items():
-            runtime.on_decode_probe(req_id, generated, vector)
+        runtime.on_decode_probes(decode_vecs)
 
     predict_ms = _wall_ms(host, repeats)
     X = np.asarray(list(prompt_vecs.values()) + [v for _, v in decode_vecs.values()])
