@@ -41,7 +41,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import (
+    BenchResult,
+    collect_fingerprint,
+    load_result,
+    make_headline,
+    write_result,
+)
 from vllm_ext.common.counters import Counters
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel
@@ -241,14 +247,20 @@ def build(config_path: Path, device: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, required=True, help="SmolLM2 config.json")
+    parser.add_argument("--config", type=Path, help="SmolLM2 config.json")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--prefill", default="8x256,32x64", help="PROMPTSxTOKENS steps")
     parser.add_argument("--decode", default="8,64,256", help="decode batch sizes")
     parser.add_argument("--cpu", action="store_true", help="smoke run on CPU (no graphs)")
     parser.add_argument("--compile", action="store_true", help="also check the hook compiled")
+    parser.add_argument("--rerender", type=Path, help="rewrite a saved result JSON and exit")
     args = parser.parse_args(argv)
+    if args.rerender:
+        rerender(args.rerender, args.out)
+        return 0
+    if args.config is None:
+        parser.error("--config is required")
     if not args.cpu and not torch.cuda.is_available():
         parser.error("needs a CUDA device (or --cpu for a smoke run)")
     device = "cpu" if args.cpu else "cuda"
@@ -273,21 +285,13 @@ def main(argv: list[str] | None = None) -> int:
         variants[f"decode_{batch}"] = measure_step(
             model, probe, layer, (batch, 1), runner, runtime, args.repeats
         )
-    worst = max(variants.values(), key=lambda v: v["leap_share_eager_pct"])
     result = BenchResult(
         name=NAME,
         description=__doc__.split("\n\n")[0],
         variants=variants,
-        headline=make_headline(
-            "leap_share_eager_pct",
-            worst["leap_share_eager_pct"],
-            1.0,
-            "target (1% of step time)",
-            higher_is_better=False,
-            target="LEAP's worker + head time < 1% of step time (worst step shape)",
-        ),
+        headline=headline(variants),
         fingerprint=collect_fingerprint(),
-        plot_metric="leap_share_eager_pct",
+        plot_metric=headline(variants)["metric"],
         config={
             "model": "SmolLM2-135M-Instruct shape (random bf16 weights), transformers eager",
             "probe_layer": layer,
@@ -303,6 +307,27 @@ def main(argv: list[str] | None = None) -> int:
         write_result(result, args.out)
     sys.stdout.write(json.dumps({"variants": variants, "config": result.config}, indent=1) + "\n")
     return 0
+
+
+def headline(variants: dict) -> dict:
+    """The worst step shape's LEAP share of a CUDA-graph step (vLLM's decode path on a
+    GPU; eager steps of transformers are launch-bound, so their share flatters LEAP)."""
+    metric = "leap_share_graph_pct"
+    if not all(metric in v for v in variants.values()):
+        metric = "leap_share_eager_pct"  # no graphs (CPU smoke run)
+    worst = max(v[metric] for v in variants.values())
+    return make_headline(
+        metric, worst, 1.0, "target (1% of step time)", higher_is_better=False,
+        target="LEAP's hook + collect + scheduler side < 1% of step time (worst step shape)",
+    )  # fmt: skip
+
+
+def rerender(path: Path, out: str) -> None:
+    """Write a saved result again with this module's headline (no GPU needed)."""
+    result = load_result(path)
+    result.headline = headline(result.variants)
+    result.plot_metric = result.headline["metric"]
+    write_result(result, out)
 
 
 def _runtime(hidden: int, folder: Path) -> LeapRuntime:
