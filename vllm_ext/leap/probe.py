@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm_ext.common.log import get_logger
@@ -122,24 +123,30 @@ class ProbeState:
         """
         batch = self.runner.input_batch
         n = batch.num_reqs
-        starts = self.runner.query_start_loc.cpu[: n + 1].tolist()
+        # vectorised scan: a decode step of a large batch has no per-request Python work
+        starts = self.runner.query_start_loc.cpu[: n + 1].numpy()
+        computed = np.asarray(batch.num_computed_tokens_cpu[:n], dtype=np.int64)
+        prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)
+        first, end = starts[:-1], starts[1:]
+        captured = end <= self.rows_written
+        prefilling = np.flatnonzero(captured & (computed < prompt))
+        generated = computed - prompt + 1
+        due = np.zeros(n, dtype=bool)
+        if self.refine_every:
+            due = captured & (end - first == 1) & (generated > 0)
+            due &= generated % self.refine_every == 0
         prompt_ids, decode_ids, generated_at, rows = [], [], [], []
-        for i, req_id in enumerate(batch.req_ids[:n]):
-            first, end = starts[i], starts[i + 1]
-            if end > self.rows_written:
-                continue  # rows not captured
-            computed = int(batch.num_computed_tokens_cpu[i])
-            prompt = int(batch.num_prompt_tokens[i])
-            if computed < prompt:
-                upto = min(prompt, computed + end - first)
-                vector = self._pool(req_id, first, computed, upto, prompt)
-                if vector is not None:
-                    prompt_ids.append(req_id)
-                    rows.append(vector)
-            elif end - first == 1 and self._decode_probe_due(computed - prompt + 1):
-                decode_ids.append(req_id)
-                generated_at.append(computed - prompt + 1)
-                rows.append(self.buffer[first])
+        for i in prefilling.tolist():
+            upto = min(int(prompt[i]), int(computed[i] + end[i] - first[i]))
+            req_id = batch.req_ids[i]
+            vector = self._pool(req_id, int(first[i]), int(computed[i]), upto, int(prompt[i]))
+            if vector is not None:
+                prompt_ids.append(req_id)
+                rows.append(vector)
+        for i in np.flatnonzero(due).tolist():
+            decode_ids.append(batch.req_ids[i])
+            generated_at.append(int(generated[i]))
+            rows.append(self.buffer[int(first[i])])
         if not rows:
             return {}, {}
         # one device -> host copy (one sync on an accelerator) for the whole step

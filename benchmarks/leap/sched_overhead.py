@@ -1,0 +1,173 @@
+"""LEAP's scheduler cost per engine step vs stock vLLM's, at GPU-scale batch and queue sizes.
+
+The scheduler is the same Python on every platform, so this runs real in-process
+engines (SmolLM2-135M-Instruct, float32, CPU) with many requests: ``--running``
+decode slots (``max_num_seqs``) full and ``--waiting`` more queued, the same
+requests for every variant. Per step it times ``Scheduler.schedule`` and
+``update_from_output`` (where LEAP orders queues, picks victims, takes probe
+vectors, predicts, and runs RLS on finished requests) and the whole step. The
+model's CPU step time is not the point: the scheduler milliseconds are compared
+with a GPU step (``leap_gpu_probe``: 3-8 ms with CUDA graphs on an H200).
+
+``PYTHONPATH=. python -m benchmarks.leap.sched_overhead [--running 256 --waiting 768]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from vllm_ext.assets import model_path
+from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+
+NAME = "leap_sched_overhead"
+MODEL = "smollm2"
+
+
+def variants(weights: str) -> dict[str, dict | None]:
+    """Variant -> LEAP config (None: stock vLLM)."""
+    leap = {"weights_path": weights, "max_wait_s": 600.0}
+    return {
+        "vllm_fcfs": None,
+        "leap": leap,
+        "leap_rls_thread": {**leap, "rls_thread": True},
+    }
+
+
+def _requests(args) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(0)
+    n = args.running + args.waiting
+    prompts = rng.integers(100, 30000, size=(n, args.prompt_tokens)).tolist()
+    lengths = rng.integers(args.min_tokens, args.max_tokens + 1, size=n).tolist()
+    return list(zip(prompts, lengths, strict=True))
+
+
+def _engine_kwargs(leap: dict | None, args) -> dict:
+    from vllm_ext.leap.calibrate import engine_kwargs
+
+    common = dict(
+        dtype="float32",
+        max_num_seqs=args.running,
+        max_num_batched_tokens=args.running * args.prompt_tokens,
+        kv_cache_memory_bytes=args.kv_gib << 30,
+        max_model_len=1024,
+        enforce_eager=True,
+        seed=0,
+    )
+    if leap is None:
+        return common
+    return {**engine_kwargs(leap), **common}
+
+
+def _timed(obj, name: str, sink: list[float]) -> None:
+    original = getattr(obj, name)
+
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return original(*a, **kw)
+        finally:
+            sink.append((time.perf_counter() - t0) * 1e3)
+
+    setattr(obj, name, wrapper)
+
+
+def measure(leap: dict | None, requests, args) -> dict:
+    """Median per-step milliseconds of one variant over ``args.steps`` measured steps."""
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    llm = LLM(model=str(model_path(MODEL)), **_engine_kwargs(leap, args))
+    engine = llm.llm_engine
+    scheduler = engine.engine_core.engine_core.scheduler
+    sched_ms: list[float] = []
+    update_ms: list[float] = []
+    _timed(scheduler, "schedule", sched_ms)
+    _timed(scheduler, "update_from_output", update_ms)
+    for i, (prompt, n) in enumerate(requests):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
+    step_ms, finished = [], 0
+    for step in tqdm(range(args.warmup + args.steps), desc="steps", leave=False):
+        t0 = time.perf_counter()
+        finished += sum(o.finished for o in engine.step())
+        if step >= args.warmup:
+            step_ms.append((time.perf_counter() - t0) * 1e3)
+    runtime = getattr(scheduler, "leap", None)  # LEAP's runtime, on its schedulers
+    if runtime is not None:
+        runtime.drain()
+    measured = slice(args.warmup, None)
+    row = {
+        "schedule_ms": statistics.median(sched_ms[measured]),
+        "update_ms": statistics.median(update_ms[measured]),
+        "schedule_p90_ms": float(np.percentile(sched_ms[measured], 90)),
+        "update_p90_ms": float(np.percentile(update_ms[measured], 90)),
+        "step_ms": statistics.median(step_ms),
+        "running": len(scheduler.running),
+        "waiting": len(scheduler.waiting),
+        "finished": finished,
+    }
+    row["scheduler_ms"] = row["schedule_ms"] + row["update_ms"]
+    del llm, engine, scheduler, runtime
+    gc.collect()
+    # the next variant's engine starts in this process: from a clean parallel state
+    cleanup_dist_env_and_memory()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--running", type=int, default=256, help="max_num_seqs")
+    parser.add_argument("--waiting", type=int, default=768, help="requests queued beyond it")
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--min-tokens", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=3, help="steps not measured (prefill)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--kv-gib", type=int, default=3)
+    parser.add_argument(
+        "--gpu-step-ms", type=float, default=4.3, help="GPU step to compare with (leap_gpu_probe)"
+    )
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    weights = str(model_path("leap-smollm2") / "weights.npz")
+    requests = _requests(args)
+    rows = {}
+    for name, leap in variants(weights).items():
+        rows[name] = measure(leap, requests, args)
+        sys.stderr.write(f"{name}: {rows[name]}\n")
+    base = rows["vllm_fcfs"]["scheduler_ms"]
+    for row in rows.values():
+        row["overhead_ms"] = row["scheduler_ms"] - base
+        row["overhead_pct_of_gpu_step"] = 100 * row["overhead_ms"] / args.gpu_step_ms
+    result = BenchResult(
+        name=NAME,
+        description=__doc__.split("\n\n")[0],
+        variants=rows,
+        headline=make_headline(
+            "scheduler_ms",
+            rows["leap"]["scheduler_ms"],
+            base,
+            "vllm_fcfs",
+            higher_is_better=False,
+            target=f"LEAP's extra scheduler time < 1% of a {args.gpu_step_ms} ms GPU step",
+        ),
+        fingerprint=collect_fingerprint(),
+        plot_metric="scheduler_ms",
+        config={k: v for k, v in vars(args).items() if k != "out"} | {"model": MODEL},
+    )
+    write_result(result, args.out)
+    sys.stdout.write(f"{result.headline}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
