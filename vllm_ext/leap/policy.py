@@ -65,7 +65,7 @@ class RequestView:
             raise ValueError(f"{where}: arrival_time must be finite, got {self.arrival_time}")
         for name in ("prompt_tokens", "generated_tokens"):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            if not _is_count(value):
                 raise ValueError(f"{where}: {name} must be an int >= 0, got {value!r}")
         total, std = self.predicted_total, self.predicted_log_std
         if total is not None and not (math.isfinite(total) and total > 0):
@@ -300,6 +300,14 @@ class LeapPolicy:
             return None
         remaining, inflation = self._remaining_and_inflation(view)
         return math.log(remaining) + inflation
+
+
+def _is_count(value) -> bool:
+    # plain ints first: the scheduler builds a view per request per step, and the
+    # numbers.Integral check (for numpy ints) is an ABC lookup
+    if type(value) is int:
+        return value >= 0
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
 
 
 def _unique(views: Iterable[RequestView]) -> list[RequestView]:

@@ -77,6 +77,9 @@ class LeapSchedulerMixin:
         self._leap_with_prior = LeapPolicy(self.leap.config)
         # without an informative model the prior stands down to arrival order
         self._leap_fcfs_prior = LeapPolicy(dataclasses.replace(self.leap.config, prior="fcfs"))
+        self.leap_policy = self._leap_fcfs_prior  # set per step by schedule()
+        # request id -> (output tokens, prediction, view) of the last step
+        self._leap_views: dict[str, tuple] = {}
         # the lane needs a slot left for decoding
         self._leap_lane_width = min(self.leap.config.probe_slots, self.max_num_running_reqs - 1)
         logger.info(
@@ -85,14 +88,14 @@ class LeapSchedulerMixin:
             type(self).__mro__[2].__name__,
         )
 
-    @property
-    def leap_policy(self) -> LeapPolicy:
-        """The policy of this step: the configured prior only beside an informative model."""
-        return self._leap_with_prior if self.leap.informative else self._leap_fcfs_prior
-
     def schedule(self, *args, **kwargs):
         now = time.time()
-        views = {r.request_id: self._leap_view(r) for r in (*self.waiting, *self.running)}
+        # the policy of this step: the configured prior only beside an informative model
+        # (looked up once: it is read per request below)
+        self.leap_policy = self._leap_with_prior if self.leap.informative else self._leap_fcfs_prior
+        # views of unchanged requests (most of a long queue) come from the last step
+        cache, self._leap_views = self._leap_views, {}
+        views = {r.request_id: self._leap_view(r, cache) for r in (*self.waiting, *self.running)}
         if self._leap_lane_width and self.leap.informative:
             probes = self._leap_fill_slots(views, now)
             output = super().schedule(*args, **kwargs)
@@ -119,21 +122,28 @@ class LeapSchedulerMixin:
             )
         return super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
 
-    def _leap_view(self, request) -> RequestView:
+    def _leap_view(self, request, cache: dict) -> RequestView:
         extra = request.sampling_params.extra_args if request.sampling_params else None
         hint = extra.get(HINT_KEY) if extra else None
         prediction = self.leap.prediction(request.request_id, hint)
-        if prediction is None and request.num_output_tokens > 0:
+        generated = request.num_output_tokens
+        if prediction is None and generated > 0:
             # prefill finished on an earlier step; start the prediction timeout
             self.leap.on_scheduled_prefill_done(request.request_id)
-        return RequestView(
-            request_id=request.request_id,
-            arrival_time=request.arrival_time,
-            prompt_tokens=request.num_prompt_tokens,
-            generated_tokens=request.num_output_tokens,
-            predicted_total=prediction.total_tokens if prediction else None,
-            predicted_log_std=prediction.log_std if prediction else None,
-        )
+        cached = cache.get(request.request_id)
+        if cached is not None and cached[0] == generated and cached[1] is prediction:
+            view = cached[2]
+        else:
+            view = RequestView(
+                request_id=request.request_id,
+                arrival_time=request.arrival_time,
+                prompt_tokens=request.num_prompt_tokens,
+                generated_tokens=generated,
+                predicted_total=prediction.total_tokens if prediction else None,
+                predicted_log_std=prediction.log_std if prediction else None,
+            )
+        self._leap_views[request.request_id] = (generated, prediction, view)
+        return view
 
     def _leap_order_queues(self, views: dict[str, RequestView], now: float) -> None:
         waiting = {r.request_id: r for r in self.waiting}
