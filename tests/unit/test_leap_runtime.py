@@ -156,6 +156,8 @@ def test_background_rls_learns_what_inline_rls_learns(
     for name in ("rls_updates", "refine_rls_updates", "checkpoints"):
         assert inline.counters.value(name) == background.counters.value(name) > 0, name
     assert (tmp_path / "ckTrue.npz").exists()
+    background.close()  # idempotent with the updates applied: nothing left in flight
+    assert background.counters.value("rls_updates") == inline.counters.value("rls_updates")
 
 
 def test_checkpoint_is_written_and_wins_over_weights_on_restart(weights, tmp_path):

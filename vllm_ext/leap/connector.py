@@ -113,6 +113,12 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
             {r: p for r, p in meta.decode.items() if is_live is None or is_live(r)}
         )
 
+    def shutdown(self):
+        # the scheduler's shutdown: learned weights still in flight reach the checkpoint
+        if self.runtime is not None:
+            self.runtime.close()
+        return super().shutdown()
+
     def request_finished(self, request, block_ids):
         info = self.runtime.on_finished(
             request.request_id,

@@ -159,9 +159,6 @@ class ProbeState:
         }
         return prompt_vectors, decode_vectors
 
-    def _decode_probe_due(self, generated: int) -> bool:
-        return self.refine_every > 0 and generated % self.refine_every == 0
-
     def _pool(self, req_id: str, first_row: int, computed: int, upto: int, prompt: int):
         # prompt positions [computed, upto) sit at rows first_row + (pos - computed)
         ends_here = upto == prompt

@@ -358,6 +358,11 @@ class LeapRuntime:
         if self._last_rls is not None:
             self._last_rls.result(timeout)
 
+    def close(self) -> None:
+        """Apply the pending RLS updates (and checkpoints), then stop the background thread."""
+        if self._rls_pool is not None:
+            self._rls_pool.shutdown(wait=True)
+
     def _update_refine(
         self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool
     ) -> None:
