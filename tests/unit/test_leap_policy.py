@@ -273,3 +273,16 @@ def test_probe_lane_respects_pinned_runners_margin_and_aging():
     # no lane width: the lane never opens; never more admits than free slots
     plan = _plan(policy, [_view(f"u{i}", i) for i in range(6)], [], slots=4, lane=0)
     assert (plan.admit, plan.probe) == (["u0", "u1", "u2", "u3"], [])
+
+
+@pytest.mark.parametrize("prior", ["fcfs", "prompt_length"])
+def test_order_with_the_callers_unaged_keys_equals_order_without(prior):
+    rng = random.Random(7)
+    policy = _policy(prior=prior, max_wait_s=3.0, risk_k=0.5)
+    views = _random_views(rng, 200, 0.6)
+    keys = {v.request_id: policy.unaged_key(v) for v in views}
+    for now in (2.0, 5.0, 9.0):  # arrivals 0..5: none, some and all aged
+        assert policy.order(views, now, keys) == policy.order(views, now)
+        # a partial map: the missing keys are computed
+        half = dict(list(keys.items())[::2])
+        assert policy.order(views, now, half) == policy.order(views, now)

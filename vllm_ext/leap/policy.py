@@ -123,6 +123,10 @@ class LeapPolicy:
         """Key whose ascending order is the serving order (stable sort: ties keep input order)."""
         if self.is_aged(view, now):
             return (_AGED, view.arrival_time, 0.0)
+        return self.unaged_key(view)
+
+    def unaged_key(self, view: RequestView) -> tuple[int, float, float]:
+        """:meth:`sort_key` of a request that has not aged: it does not depend on the time."""
         score = self._log_remaining(view)
         if score is not None:
             # log-domain score: same order as remaining(), never overflows
@@ -131,18 +135,30 @@ class LeapPolicy:
             return (_UNPREDICTED, float(view.prompt_tokens), view.arrival_time)
         return (_UNPREDICTED, view.arrival_time, 0.0)
 
-    def order(self, views: Iterable[RequestView], now: float) -> list[str]:
+    def order(
+        self, views: Iterable[RequestView], now: float, unaged_keys: dict | None = None
+    ) -> list[str]:
         """Request ids in serving order.
 
         Args:
             views: requests in queue-insertion order (it breaks exact ties).
             now: current time, on the clock of ``arrival_time``.
+            unaged_keys: :meth:`unaged_key` by request id where the caller keeps
+                them (the scheduler does, across steps); computed otherwise.
 
         Returns:
             Ids, first to serve first.
         """
         views = _unique(views)
-        return [v.request_id for v in sorted(views, key=lambda v: self.sort_key(v, now))]
+        known = unaged_keys or {}
+
+        def key(view: RequestView) -> tuple[int, float, float]:
+            if self.is_aged(view, now):
+                return (_AGED, view.arrival_time, 0.0)
+            cached = known.get(view.request_id)
+            return cached if cached is not None else self.unaged_key(view)
+
+        return [v.request_id for v in sorted(views, key=key)]
 
     def choose_victim(self, running_views: Iterable[RequestView], now: float) -> str:
         """Preemption victim among running requests.

@@ -78,8 +78,11 @@ class LeapSchedulerMixin:
         # without an informative model the prior stands down to arrival order
         self._leap_fcfs_prior = LeapPolicy(dataclasses.replace(self.leap.config, prior="fcfs"))
         self.leap_policy = self._leap_fcfs_prior  # set per step by schedule()
-        # request id -> (output tokens, prediction, view) of the last step
+        # request id -> (output tokens, prediction, policy, view, remaining, unaged key):
+        # what the policy derives from a request that did not change since the last step
         self._leap_views: dict[str, tuple] = {}
+        self._leap_remaining: dict[str, float | None] = {}  # this step's, by request id
+        self._leap_keys: dict[str, tuple] = {}  # this step's unaged sort keys
         # the lane needs a slot left for decoding
         self._leap_lane_width = min(self.leap.config.probe_slots, self.max_num_running_reqs - 1)
         logger.info(
@@ -95,6 +98,7 @@ class LeapSchedulerMixin:
         self.leap_policy = self._leap_with_prior if self.leap.informative else self._leap_fcfs_prior
         # views of unchanged requests (most of a long queue) come from the last step
         cache, self._leap_views = self._leap_views, {}
+        self._leap_remaining, self._leap_keys = {}, {}
         views = {r.request_id: self._leap_view(r, cache) for r in (*self.waiting, *self.running)}
         if self._leap_lane_width and self.leap.informative:
             probes = self._leap_fill_slots(views, now)
@@ -130,9 +134,10 @@ class LeapSchedulerMixin:
         if prediction is None and generated > 0:
             # prefill finished on an earlier step; start the prediction timeout
             self.leap.on_scheduled_prefill_done(request.request_id)
+        policy = self.leap_policy
         cached = cache.get(request.request_id)
-        if cached is not None and cached[0] == generated and cached[1] is prediction:
-            view = cached[2]
+        if cached is not None and cached[:3] == (generated, prediction, policy):
+            view, remaining, key = cached[3:]
         else:
             view = RequestView(
                 request_id=request.request_id,
@@ -142,16 +147,21 @@ class LeapSchedulerMixin:
                 predicted_total=prediction.total_tokens if prediction else None,
                 predicted_log_std=prediction.log_std if prediction else None,
             )
-        self._leap_views[request.request_id] = (generated, prediction, view)
+            remaining, key = policy.remaining(view), policy.unaged_key(view)
+        self._leap_views[request.request_id] = (
+            generated, prediction, policy, view, remaining, key
+        )  # fmt: skip
+        self._leap_remaining[request.request_id] = remaining
+        self._leap_keys[request.request_id] = key
         return view
 
     def _leap_order_queues(self, views: dict[str, RequestView], now: float) -> None:
         waiting = {r.request_id: r for r in self.waiting}
-        order = self.leap_policy.order([views[i] for i in waiting], now)
+        order = self.leap_policy.order([views[i] for i in waiting], now, self._leap_keys)
         self.waiting.clear()
         self.waiting.extend(waiting[i] for i in order)
         running = {r.request_id: r for r in self.running}
-        order = self.leap_policy.order([views[i] for i in running], now)
+        order = self.leap_policy.order([views[i] for i in running], now, self._leap_keys)
         if order:
             # vLLM's FCFS preemption victim is running[-1]
             victim = self.leap_policy.choose_victim([views[i] for i in running], now)
@@ -195,7 +205,7 @@ class LeapSchedulerMixin:
         if not config.preempt or prior is None or not self.waiting:
             return
         policy = self.leap_policy
-        expected = [policy.remaining(views[r.request_id]) or prior for r in self.waiting]
+        expected = [self._leap_remaining[r.request_id] or prior for r in self.waiting]
         runners = {
             r.request_id: r
             for r in self.running
@@ -203,7 +213,7 @@ class LeapSchedulerMixin:
         }
         victims = policy.preemption_victims(
             expected,
-            [(i, policy.remaining(views[i])) for i in runners],
+            [(i, self._leap_remaining[i]) for i in runners],
             free_slots=self.max_num_running_reqs - len(self.running),
             margin=config.preempt_margin,
         )
