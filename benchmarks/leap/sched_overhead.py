@@ -3,7 +3,7 @@
 The scheduler is the same Python on every platform, so this runs real in-process
 engines (SmolLM2-135M-Instruct, float32, CPU) with many requests: ``--running``
 decode slots (``max_num_seqs``) full and ``--waiting`` more queued, the same
-requests for every variant. Per step it times ``Scheduler.schedule`` and
+requests for every variant, in round-robin rounds. Per step it times ``Scheduler.schedule`` and
 ``update_from_output`` (where LEAP orders queues, picks victims, takes probe
 vectors, predicts, and runs RLS on finished requests) and the whole step. The
 model's CPU step time is not the point: the scheduler milliseconds are compared
@@ -122,6 +122,12 @@ def measure(leap: dict | None, requests, args) -> dict:
     return row
 
 
+def _median_row(runs: list[dict]) -> dict:
+    row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    row["scheduler_ms_runs"] = [r["scheduler_ms"] for r in runs]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--running", type=int, default=256, help="max_num_seqs")
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="steps not measured (prefill)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--kv-gib", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="round-robin rounds (medians)")
     parser.add_argument(
         "--gpu-step-ms", type=float, default=4.3, help="GPU step to compare with (leap_gpu_probe)"
     )
@@ -140,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     weights = str(model_path("leap-smollm2") / "weights.npz")
     requests = _requests(args)
-    rows = {}
-    for name, leap in variants(weights).items():
-        rows[name] = measure(leap, requests, args)
-        sys.stderr.write(f"{name}: {rows[name]}\n")
+    runs: dict[str, list[dict]] = {name: [] for name in variants(weights)}
+    for _ in range(args.rounds):  # round-robin, so drift of the machine hits every variant
+        for name, leap in variants(weights).items():
+            runs[name].append(measure(leap, requests, args))
+            sys.stderr.write(f"{name}: {runs[name][-1]}\n")
+    rows = {name: _median_row(r) for name, r in runs.items()}
     base = rows["vllm_fcfs"]["scheduler_ms"]
     for row in rows.values():
         row["overhead_ms"] = row["scheduler_ms"] - base
