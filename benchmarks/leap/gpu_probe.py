@@ -31,6 +31,7 @@ layer L's output of those inputs (vs eager ``output_hidden_states``).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -164,8 +165,8 @@ def measure_step(model, probe, layer, shape, runner, runtime, repeats) -> dict:
     prompt_vecs, decode_vecs = collected["out"]
     # the scheduler side: one batched prediction for the step's prompts, one
     # refinement per due decode vector (entries exist from their prefill)
-    for req_id in decode_vecs:
-        runtime.on_probe(req_id, next(iter(decode_vecs.values()))[1])
+    for req_id, (_, vector) in decode_vecs.items():
+        runtime.on_probe(req_id, vector)
 
     def host():  # what LeapConnector.deliver_probes does with one step's metadata
         runtime.on_probes(prompt_vecs)
@@ -173,7 +174,7 @@ def measure_step(model, probe, layer, shape, runner, runtime, repeats) -> dict:
 
     predict_ms = _wall_ms(host, repeats)
     X = np.asarray(list(prompt_vecs.values()) + [v for _, v in decode_vecs.values()])
-    rls = LinearLengthModel(**_copy_state(runtime.model))
+    rls = copy.deepcopy(runtime.model)
     rls_ms = _wall_ms(lambda: rls.rls_update(X[0], 100.0, 0.999), repeats)
     leap_ms = hook_ms + collect_ms + predict_ms
     row = {
@@ -232,11 +233,6 @@ def compiled_probe_check(model, probe, layer: int, tokens: int) -> dict | str:
         handle.remove()
 
 
-def _copy_state(model: LinearLengthModel) -> dict:
-    return dict(w=model.w.copy(), P=model.P.copy(), mean=model.mean, scale=model.scale,
-                noise_var=model.noise_var)  # fmt: skip
-
-
 def build(config_path: Path, device: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -285,13 +281,14 @@ def main(argv: list[str] | None = None) -> int:
         variants[f"decode_{batch}"] = measure_step(
             model, probe, layer, (batch, 1), runner, runtime, args.repeats
         )
+    head = headline(variants)
     result = BenchResult(
         name=NAME,
         description=__doc__.split("\n\n")[0],
         variants=variants,
-        headline=headline(variants),
+        headline=head,
         fingerprint=collect_fingerprint(),
-        plot_metric=headline(variants)["metric"],
+        plot_metric=head["metric"],
         config={
             "model": "SmolLM2-135M-Instruct shape (random bf16 weights), transformers eager",
             "probe_layer": layer,

@@ -45,6 +45,12 @@ class Prediction:
     log_std: float
     total_tokens: float
 
+    def row(self, i: int) -> Prediction:
+        """Row ``i`` of a ``predict_batch`` result, as floats."""
+        return Prediction(
+            float(self.log_mean[i]), float(self.log_std[i]), float(self.total_tokens[i])
+        )
+
 
 class LinearLengthModel:
     """Linear head with RLS state. Construct with :meth:`fit_ridge` or :meth:`load`.
@@ -152,10 +158,7 @@ class LinearLengthModel:
 
     def predict(self, x, max_len: int = DEFAULT_MAX_LEN) -> Prediction:
         """Predict one request. ``x``: [D]. Raises PredictionError if not finite."""
-        batch = self.predict_batch(self._vector(x)[None, :], max_len)
-        return Prediction(
-            float(batch.log_mean[0]), float(batch.log_std[0]), float(batch.total_tokens[0])
-        )
+        return self.predict_batch(self._vector(x)[None, :], max_len).row(0)
 
     def predict_batch(self, X, max_len: int = DEFAULT_MAX_LEN) -> Prediction:
         """Vectorised :meth:`predict`.

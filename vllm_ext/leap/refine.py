@@ -63,8 +63,9 @@ def refined_predictions(
     remaining = model.predict_batch(features, max_len=max_len)
     out = []
     for i, done in enumerate(generated):
-        total = min(done + float(remaining.total_tokens[i]), float(max_len))
-        out.append(Prediction(math.log1p(total), float(remaining.log_std[i]), total))
+        row = remaining.row(i)
+        total = min(done + row.total_tokens, float(max_len))
+        out.append(Prediction(math.log1p(total), row.log_std, total))
     return out
 
 

@@ -153,22 +153,16 @@ class LeapRuntime:
         Per request (so a bad vector fails only its own request) when the batch
         prediction fails or there is a single vector.
         """
-        if self.model is None or len(vectors) < 2:
-            for req_id, vector in vectors.items():
-                self.on_probe(req_id, vector)
-            return
-        try:
-            X = np.asarray(list(vectors.values()), dtype=np.float64)
-            batch = self.model.predict_batch(X, max_len=self.config.max_len)
-        except Exception:  # on_probe names the failing request(s) and falls back to FCFS
-            for req_id, vector in vectors.items():
-                self.on_probe(req_id, vector)
-            return
-        for i, req_id in enumerate(vectors):
-            prediction = Prediction(
-                float(batch.log_mean[i]), float(batch.log_std[i]), float(batch.total_tokens[i])
-            )
-            self.on_probe(req_id, X[i], prediction)
+        predictions = {}
+        if self.model is not None and len(vectors) > 1:
+            try:
+                X = np.asarray(list(vectors.values()), dtype=np.float64)
+                batch = self.model.predict_batch(X, max_len=self.config.max_len)
+                predictions = {req_id: batch.row(i) for i, req_id in enumerate(vectors)}
+            except Exception:  # on_probe names the failing request(s) and falls back to FCFS
+                pass
+        for req_id, vector in vectors.items():
+            self.on_probe(req_id, vector, predictions.get(req_id))
 
     def on_probe(self, req_id: str, vector, prediction: Prediction | None = None) -> None:
         """A probe vector arrived for ``req_id`` (prefill done, maybe again after preemption).
@@ -209,7 +203,7 @@ class LeapRuntime:
                 batch = refined_predictions(self.refine, features, generated, self.config.max_len)
                 predictions = dict(zip(refinable, zip(features, batch, strict=True), strict=True))
             except Exception:  # on_decode_probe warns about the failing request
-                predictions = {}
+                pass
         for req_id, (generated, vector) in probes.items():
             self.on_decode_probe(req_id, generated, vector, predictions.get(req_id))
 
