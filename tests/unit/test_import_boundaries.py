@@ -26,6 +26,7 @@ ADAPTERS = {
     "vllm_ext.histate.metadata",
     "vllm_ext.leap.connector",
     "vllm_ext.leap.loader",
+    "vllm_ext.leap.request_queue",
     "vllm_ext.leap.scheduler",
 }
 

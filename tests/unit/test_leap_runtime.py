@@ -107,6 +107,33 @@ def test_missing_vector_times_out_to_a_fallback_once(weights):
     assert rt.counters.value("fallbacks") == 1
 
 
+def test_changed_predictions_and_distinct_totals_are_tracked_for_the_scheduler(
+    weights, refine_weights
+):
+    # the scheduler re-keys a queued request only when take_changed names it
+    clock = Clock()
+    rt = _runtime(weights, clock=clock, refine_weights_path=str(refine_weights))
+    rt.prediction("h1", hint=40)
+    rt.prediction("h2", hint=40)
+    assert rt.take_changed() == {"h1", "h2"} and rt.take_changed() == set()
+    assert rt.distinct_predictions == 1  # equal hints: nothing to order by
+    rt.on_probes({"p": _vec(1.0), "q": _vec(-1.0)})
+    assert rt.take_changed() == {"p", "q"} and rt.distinct_predictions == 3
+    rt.on_decode_probe("p", 5, _vec(0.5))  # a refinement is a change
+    assert rt.take_changed() == {"p"}
+    rt.on_scheduled_prefill_done("t")
+    clock.now = 5.0
+    assert rt.prediction("t") is None  # the timeout clears nothing new, but is a change
+    assert rt.take_changed() == {"t"}
+    rt.on_probe("x", _vec(0.0))
+    for req_id in ("h1", "h2", "p", "q", "t"):
+        rt.on_finished(req_id, 10, stopped=True, length_capped=False)
+    assert rt.distinct_predictions == 1  # only x is left
+    assert rt.take_changed() == {"x"}
+    rt.on_finished("x", 10, stopped=True, length_capped=False)
+    assert rt.distinct_predictions == 0 and rt.take_changed() == set()
+
+
 def test_rls_learns_from_stopped_and_under_predicted_capped_requests_only(weights):
     rt = _runtime(weights)
     for rid in ("stopped", "capped_low", "capped_high", "aborted"):

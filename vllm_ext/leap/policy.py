@@ -34,7 +34,7 @@ from vllm_ext.leap.config import LeapConfig
 
 _AGED, _UNPREDICTED, _PREDICTED = 0, 1, 2
 # exp() overflows past this; remaining() reports inf instead of raising
-_MAX_LOG = 709.0
+MAX_LOG = 709.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,7 @@ class LeapPolicy:
         remaining, inflation = self._remaining_and_inflation(view)
         if inflation == 0:
             return remaining  # exact, no log/exp round trip
-        if math.log(remaining) + inflation >= _MAX_LOG:
+        if math.log(remaining) + inflation >= MAX_LOG:
             return math.inf
         return remaining * math.exp(inflation)
 

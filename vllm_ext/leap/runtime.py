@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -106,6 +106,10 @@ class LeapRuntime:
             self.refine = LinearLengthModel.load(source, dim=dim)
             logger.info("LEAP refinement head loaded from %s", source)
         self._entries: dict[str, _Entry] = {}
+        # predicted totals of live requests (distinct_predictions) and the ids whose
+        # prediction changed since the scheduler last looked (take_changed)
+        self._totals: Counter[float] = Counter()
+        self._changed: set[str] = set()
         self._updates_since_checkpoint = 0
         self._warned: set[str] = set()
         # log1p of recent finished lengths: the prior when there is no model
@@ -124,6 +128,30 @@ class LeapRuntime:
     def informative(self) -> bool:
         """A model that tells requests apart (loaded, not constant; RLS may make it so)."""
         return self.model is not None and not self.model.is_constant
+
+    @property
+    def distinct_predictions(self) -> int:
+        """How many different predicted totals the live requests have (hints included)."""
+        return len(self._totals)
+
+    def take_changed(self) -> set[str]:
+        """Ids whose prediction changed (set, refined, failed) since the last call."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def _set_prediction(self, req_id: str, entry: _Entry, prediction: Prediction | None):
+        if entry.prediction is not None:
+            self._uncount(entry.prediction)
+        if prediction is not None:
+            self._totals[prediction.total_tokens] += 1
+        entry.prediction = prediction
+        self._changed.add(req_id)
+
+    def _uncount(self, prediction: Prediction) -> None:
+        total = prediction.total_tokens
+        self._totals[total] -= 1
+        if not self._totals[total]:
+            del self._totals[total]
 
     @property
     def typical_tokens(self) -> float | None:
@@ -181,15 +209,14 @@ class LeapRuntime:
                 prediction = self.model.predict(entry.features, max_len=self.config.max_len)
         except Exception as exc:  # any predictor failure degrades to FCFS for this request
             entry.features = None
-            self._fail(
-                entry, "predict", "LEAP prediction failed (%s); request keeps FCFS order", exc
-            )
+            msg = "LEAP prediction failed (%s); request keeps FCFS order"
+            self._fail(req_id, entry, "predict", msg, exc)
             return
         if entry.prediction is None:
             self.counters.inc("predictions")
         entry.prefill_prediction, entry.failed = prediction, False
         if not entry.refinements:  # a preempted request's prompt recompute re-sends the probe
-            entry.prediction = prediction
+            self._set_prediction(req_id, entry, prediction)
 
     def on_decode_probes(self, probes: dict) -> None:
         """The decode probes of one step (``{req_id: (generated, vector)}``): one batched
@@ -232,7 +259,7 @@ class LeapRuntime:
         except Exception as exc:  # the prefill prediction stays; never fail the request
             self._warn_once("refine", "LEAP refinement failed (%s); prediction unchanged", exc)
             return
-        entry.prediction = prediction
+        self._set_prediction(req_id, entry, prediction)
         entry.refinements.append((features, int(generated), prediction.total_tokens))
         self.counters.inc("refinements")
 
@@ -246,10 +273,11 @@ class LeapRuntime:
         base = self._entries[req_id].prefill_prediction
         return refine_features(vector, generated, base.log_mean)
 
-    def _fail(self, entry: _Entry, kind: str, msg: str, *args) -> None:
+    def _fail(self, req_id: str, entry: _Entry, kind: str, msg: str, *args) -> None:
         if not entry.failed:
             self.counters.inc("fallbacks")
-        entry.failed, entry.prediction = True, None
+        entry.failed = True
+        self._set_prediction(req_id, entry, None)
         self._warn_once(kind, msg, *args)
 
     def on_scheduled_prefill_done(self, req_id: str) -> None:
@@ -273,6 +301,7 @@ class LeapRuntime:
         if not entry.failed and entry.prefill_done_at is not None:
             if self.clock() - entry.prefill_done_at > self.config.prediction_timeout_s:
                 self._fail(
+                    req_id,
                     entry,
                     "timeout",
                     "LEAP prediction did not arrive within %.1f s; request keeps FCFS order",
@@ -290,6 +319,7 @@ class LeapRuntime:
                 raise ValueError(hint)
         except (TypeError, ValueError):
             self._fail(
+                req_id,
                 entry,
                 "hint",
                 "LEAP ignores length hint %r (not a positive number); request keeps FCFS order",
@@ -297,7 +327,8 @@ class LeapRuntime:
             )
             return None
         total = min(total, float(self.config.max_len))
-        entry.prediction = Prediction(log_mean=math.log1p(total), log_std=0.0, total_tokens=total)
+        prediction = Prediction(log_mean=math.log1p(total), log_std=0.0, total_tokens=total)
+        self._set_prediction(req_id, entry, prediction)
         entry.hinted = True
         self.counters.inc("predictions")
         return entry.prediction
@@ -307,6 +338,9 @@ class LeapRuntime:
     ) -> dict:
         """Correct the model with the true length; return what the client gets back."""
         entry = self._entries.pop(req_id, None) or _Entry()
+        if entry.prediction is not None:
+            self._uncount(entry.prediction)
+        self._changed.discard(req_id)
         initial = entry.initial_prediction
         predicted = initial.total_tokens if initial else None
         if stopped or length_capped:

@@ -3,8 +3,17 @@
 Extends ``vllm.v1.core.sched.scheduler.Scheduler`` and ``AsyncScheduler``
 (vLLM 0.32.0) through one mixin; pass ``--scheduler-cls
 vllm_ext.leap.scheduler.make_scheduler`` (the factory picks the async variant
-when vLLM schedules asynchronously, as on GPUs). Before each
-``super().schedule()`` it only rearranges vLLM's queues:
+when vLLM schedules asynchronously, as on GPUs). LEAP only rearranges vLLM's
+queues, at a cost per *change*, not per queued request:
+
+- ``waiting`` is a :class:`~vllm_ext.leap.request_queue.LeapRequestQueue`:
+  vLLM's own queue interface kept in :class:`~vllm_ext.leap.policy.LeapPolicy`
+  order (aged first, then shortest expected remaining). A request is keyed
+  when vLLM enqueues it and again only when its prediction changes.
+- ``running`` changes every step (one token each), so its order comes from
+  numpy over the batch (:mod:`~vllm_ext.leap.running_order`).
+
+Before each ``super().schedule()``:
 
 1. SRPT admission: waiting requests beyond the free decode slots are paired,
    shortest expected remaining first (its prediction, or the prior for a
@@ -13,9 +22,7 @@ when vLLM schedules asynchronously, as on GPUs). Before each
    ``preempt_margin`` is preempted (vLLM's own ``_preempt_request``; its
    prompt blocks stay in the prefix cache). Several per step, so a burst of
    new requests is probed at the batch width.
-2. ``waiting`` is ordered by :class:`~vllm_ext.leap.policy.LeapPolicy`
-   (aged first, then shortest expected remaining).
-3. ``running`` is ordered so that the policy's preemption victim is last —
+2. ``running`` is ordered so that the policy's preemption victim is last —
    vLLM's FCFS victim is ``running[-1]``.
 
 With a probe lane (``probe_slots`` > 0) step 1 is
@@ -26,22 +33,29 @@ and a probed request that does not win one is parked again at once. The
 plan's picks go to the head of ``waiting``, which vLLM admits in order.
 
 Without information (no weights, a constant model, predictor down) nothing
-is touched, the prompt-length prior included: the schedule is exactly vLLM's.
+is touched, the prompt-length prior included: every waiting request has one
+key and aging is off, so the queue is vLLM's FIFO deque exactly, and the
+schedule is exactly vLLM's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
+import numpy as np
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from vllm_ext.common.log import get_logger
+from vllm_ext.leap import running_order
 from vllm_ext.leap.connector import LeapConnector, leap_worker_meta
 from vllm_ext.leap.policy import LeapPolicy, RequestView
+from vllm_ext.leap.request_queue import LeapRequestQueue
+from vllm_ext.leap.running_order import RunningBatch
 from vllm_ext.leap.runtime import HINT_KEY
 
 logger = get_logger(__name__)
@@ -77,12 +91,11 @@ class LeapSchedulerMixin:
         self._leap_with_prior = LeapPolicy(self.leap.config)
         # without an informative model the prior stands down to arrival order
         self._leap_fcfs_prior = LeapPolicy(dataclasses.replace(self.leap.config, prior="fcfs"))
-        self.leap_policy = self._leap_fcfs_prior  # set per step by schedule()
-        # request id -> (output tokens, prediction, policy, view, remaining, unaged key):
-        # what the policy derives from a request that did not change since the last step
-        self._leap_views: dict[str, tuple] = {}
-        self._leap_remaining: dict[str, float | None] = {}  # this step's, by request id
-        self._leap_keys: dict[str, tuple] = {}  # this step's unaged sort keys
+        # the policy of this step, and whether the queues follow it at all (set by schedule)
+        self.leap_policy = self._leap_fcfs_prior
+        self._leap_keyed = False
+        # vLLM's waiting queue, kept in LEAP's order as requests come and go (empty here)
+        self.waiting = LeapRequestQueue(self._leap_describe)
         # the lane needs a slot left for decoding
         self._leap_lane_width = min(self.leap.config.probe_slots, self.max_num_running_reqs - 1)
         logger.info(
@@ -93,27 +106,21 @@ class LeapSchedulerMixin:
 
     def schedule(self, *args, **kwargs):
         now = time.time()
-        # the policy of this step: the configured prior only beside an informative model
-        # (looked up once: it is read per request below)
-        self.leap_policy = self._leap_with_prior if self.leap.informative else self._leap_fcfs_prior
-        # views of unchanged requests (most of a long queue) come from the last step
-        cache, self._leap_views = self._leap_views, {}
-        self._leap_remaining, self._leap_keys = {}, {}
-        views = {r.request_id: self._leap_view(r, cache) for r in (*self.waiting, *self.running)}
+        self.waiting.now = now
+        self._leap_update_waiting()
+        running = self._leap_running_batch()
         if self._leap_lane_width and self.leap.informative:
-            probes = self._leap_fill_slots(views, now)
+            probes = self._leap_fill_slots(running, now)
             output = super().schedule(*args, **kwargs)
             admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
             self.leap.counters.inc("lane_probes", admitted)
             return output
-        # no prediction, or one value for all (a constant predictor), and no prompt
-        # prior: nothing to order by, so the schedule stays exactly vLLM's. leap_policy
-        # stands the prior down without an informative model: no information, no change
-        predicted = {v.predicted_total for v in views.values()} - {None}
-        by_prompt = self.leap_policy.config.prior == "prompt_length" and len(self.waiting) > 1
-        if len(predicted) >= 2 or by_prompt:
-            self._leap_admit_shorter(views, now)
-            self._leap_order_queues(views, now)
+        self.waiting.set_head(())
+        # without information (no prediction, or one value for all: a constant
+        # predictor) and no prompt prior, the schedule stays exactly vLLM's
+        if self._leap_keyed:
+            running = self._leap_admit_shorter(running, now)
+            self._leap_order_running(running, now)
         return super().schedule(*args, **kwargs)
 
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
@@ -126,116 +133,156 @@ class LeapSchedulerMixin:
             )
         return super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
 
-    def _leap_view(self, request, cache: dict) -> RequestView:
-        extra = request.sampling_params.extra_args if request.sampling_params else None
-        hint = extra.get(HINT_KEY) if extra else None
-        prediction = self.leap.prediction(request.request_id, hint)
-        generated = request.num_output_tokens
-        if prediction is None and generated > 0:
-            # prefill finished on an earlier step; start the prediction timeout
-            self.leap.on_scheduled_prefill_done(request.request_id)
+    # --- the waiting queue: keyed once per request, re-keyed when its prediction changes
+
+    def _leap_update_waiting(self) -> None:
+        """This step's policy; re-key queued requests whose prediction or policy changed."""
+        leap = self.leap
+        # the configured prior only beside an informative model: no information, no change
+        policy = self._leap_with_prior if leap.informative else self._leap_fcfs_prior
+        keyed = leap.distinct_predictions >= 2 or policy.config.prior == "prompt_length"
+        changed = leap.take_changed()
+        if (policy, keyed) != (self.leap_policy, self._leap_keyed):
+            self.leap_policy, self._leap_keyed = policy, keyed
+            self.waiting.rebuild(policy.config.max_wait_s if keyed else math.inf)
+            return
+        for request_id in changed:
+            if request_id in self.waiting:
+                self.waiting.rekey(self.requests[request_id])
+
+    def _leap_describe(self, request) -> tuple[tuple, tuple[RequestView, float | None]]:
+        """Queue key of a waiting request, and its (view, remaining) for the scheduler."""
+        prediction = self.leap.prediction(request.request_id, _hint(request))
+        view = RequestView(
+            request_id=request.request_id,
+            arrival_time=request.arrival_time,
+            prompt_tokens=request.num_prompt_tokens,
+            generated_tokens=request.num_output_tokens,
+            predicted_total=prediction.total_tokens if prediction else None,
+            predicted_log_std=prediction.log_std if prediction else None,
+        )
         policy = self.leap_policy
-        cached = cache.get(request.request_id)
-        if cached is not None and cached[:3] == (generated, prediction, policy):
-            view, remaining, key = cached[3:]
-        else:
-            view = RequestView(
-                request_id=request.request_id,
-                arrival_time=request.arrival_time,
-                prompt_tokens=request.num_prompt_tokens,
-                generated_tokens=generated,
-                predicted_total=prediction.total_tokens if prediction else None,
-                predicted_log_std=prediction.log_std if prediction else None,
-            )
-            remaining, key = policy.remaining(view), policy.unaged_key(view)
-        self._leap_views[request.request_id] = (
-            generated, prediction, policy, view, remaining, key
-        )  # fmt: skip
-        self._leap_remaining[request.request_id] = remaining
-        self._leap_keys[request.request_id] = key
-        return view
+        key = policy.unaged_key(view) if self._leap_keyed else _FIFO
+        return key, (view, policy.remaining(view))
 
-    def _leap_order_queues(self, views: dict[str, RequestView], now: float) -> None:
-        waiting = {r.request_id: r for r in self.waiting}
-        order = self.leap_policy.order([views[i] for i in waiting], now, self._leap_keys)
-        self.waiting.clear()
-        self.waiting.extend(waiting[i] for i in order)
-        running = {r.request_id: r for r in self.running}
-        order = self.leap_policy.order([views[i] for i in running], now, self._leap_keys)
-        if order:
-            # vLLM's FCFS preemption victim is running[-1]
-            victim = self.leap_policy.choose_victim([views[i] for i in running], now)
-            order.remove(victim)
-            order.append(victim)
-        self.running[:] = [running[i] for i in order]
+    # --- the running batch: every request changes each step, so columns, not views
 
-    def _leap_fill_slots(self, views: dict[str, RequestView], now: float) -> list[str]:
+    def _leap_running_batch(self) -> RunningBatch:
+        leap = self.leap
+        predictions = [leap.prediction(r.request_id, _hint(r)) for r in self.running]
+        generated = [r.num_output_tokens for r in self.running]
+        for request, prediction, count in zip(self.running, predictions, generated, strict=True):
+            if prediction is None and count > 0:
+                # prefill finished on an earlier step; start the prediction timeout
+                leap.on_scheduled_prefill_done(request.request_id)
+        return RunningBatch.from_columns(
+            [r.arrival_time for r in self.running],
+            [r.num_prompt_tokens for r in self.running],
+            generated,
+            [p.total_tokens if p else math.nan for p in predictions],
+            [p.log_std if p else 0.0 for p in predictions],
+        )
+
+    def _leap_order_running(self, batch: RunningBatch, now: float) -> None:
+        """Serving order, the policy's preemption victim last (vLLM preempts ``running[-1]``)."""
+        if len(self.running) < 2:
+            return
+        order = running_order.order(self.leap_policy, batch, now)
+        self.running[:] = [self.running[i] for i in order.tolist()]
+
+    def _leap_admit_shorter(self, batch: RunningBatch, now: float) -> RunningBatch:
+        """Preempt the longest predicted runners for clearly shorter waiting requests (SRPT).
+
+        Returns the running batch that is left.
+        """
+        config = self.leap.config
+        prior = self.leap.typical_tokens  # expected length of a request not prefilled yet
+        if not config.preempt or prior is None or not self.waiting:
+            return batch
+        expected = [prior if left is None else left for _, left in self.waiting.payloads()]
+        remaining = running_order.remaining(self.leap_policy, batch).tolist()
+        movable = self._leap_preemptible(batch, now)
+        runners = [(i, remaining[i]) for i in range(len(batch)) if movable[i]]
+        victims = self.leap_policy.preemption_victims(
+            expected,
+            runners,
+            free_slots=self.max_num_running_reqs - len(self.running),
+            margin=config.preempt_margin,
+        )
+        return self._leap_preempt_rows(batch, victims, now)
+
+    def _leap_fill_slots(self, batch: RunningBatch, now: float) -> list[str]:
         """Park runners and put the plan's picks at the head of ``waiting``; returns lane picks."""
         policy = self.leap_policy
-        preempt = self.leap.config.preempt
+        movable = self._leap_preemptible(batch, now) if self.leap.config.preempt else None
+        runners = [
+            (_view(request, batch, i), bool(movable is not None and movable[i]))
+            for i, request in enumerate(self.running)
+        ]
         plan = policy.plan_slots(
-            [views[r.request_id] for r in self.waiting],
-            [
-                (
-                    views[r.request_id],
-                    preempt and self._leap_preemptible(r, views[r.request_id], now),
-                )
-                for r in self.running
-            ],
+            [view for view, _ in self.waiting.payloads()],
+            runners,
             slots=self.max_num_running_reqs,
             prior=self.leap.typical_tokens,
             lane_width=self._leap_lane_width,
             now=now,
         )
-        running = {r.request_id: r for r in self.running}
-        for request_id in plan.park:
-            self._leap_preempt(running[request_id], now)
-        self._leap_order_queues(views, now)
+        parked = set(plan.park)
+        rows = [i for i, r in enumerate(self.running) if r.request_id in parked]
+        self._leap_order_running(self._leap_preempt_rows(batch, rows, now), now)
         # vLLM admits from the head of waiting while slots are free: the plan's picks
-        head = {request_id: i for i, request_id in enumerate((*plan.admit, *plan.probe))}
-        waiting = sorted(self.waiting, key=lambda r: head.get(r.request_id, len(head)))
-        self.waiting.clear()
-        self.waiting.extend(waiting)
+        self.waiting.set_head(self.requests[i] for i in (*plan.admit, *plan.probe))
         return plan.probe
 
-    def _leap_admit_shorter(self, views: dict[str, RequestView], now: float) -> None:
-        """Preempt the longest predicted runners for clearly shorter waiting requests (SRPT)."""
-        config = self.leap.config
-        prior = self.leap.typical_tokens  # expected length of a request not prefilled yet
-        if not config.preempt or prior is None or not self.waiting:
-            return
-        policy = self.leap_policy
-        expected = [self._leap_remaining[r.request_id] or prior for r in self.waiting]
-        runners = {
-            r.request_id: r
-            for r in self.running
-            if self._leap_preemptible(r, views[r.request_id], now)
-        }
-        victims = policy.preemption_victims(
-            expected,
-            [(i, self._leap_remaining[i]) for i in runners],
-            free_slots=self.max_num_running_reqs - len(self.running),
-            margin=config.preempt_margin,
-        )
-        for request_id in victims:
-            self._leap_preempt(runners[request_id], now)
+    def _leap_preempt_rows(self, batch: RunningBatch, rows, now: float) -> RunningBatch:
+        """Preempt these running rows; returns the batch of those left running.
 
-    def _leap_preempt(self, request, now: float) -> None:
-        """Back to waiting through vLLM's own preemption (its full blocks stay cached)."""
-        self.running.remove(request)
-        self._preempt_request(request, now)
-        self.leap.counters.inc("preemptions")
+        Back to waiting through vLLM's own preemption (their full blocks stay cached).
+        """
+        if not rows:
+            return batch
+        for request in [self.running[i] for i in rows]:
+            self.running.remove(request)
+            self._preempt_request(request, now)
+        self.leap.counters.inc("preemptions", len(rows))
+        return batch.without(rows)
 
-    def _leap_preemptible(self, request, view: RequestView, now: float) -> bool:
+    def _leap_preemptible(self, batch: RunningBatch, now: float) -> list[bool]:
         # decoding requests with a prediction, not aged, not bounced too often
-        return (
-            request.status == RequestStatus.RUNNING
+        fresh = ~running_order.aged(self.leap_policy, batch, now)
+        predicted = ~np.isnan(batch.predicted_total)
+        limit = self.leap.config.max_preemptions
+        return [
+            bool(fresh[i] and predicted[i])
+            and request.status == RequestStatus.RUNNING
             and request.num_output_tokens > 0
             and not request.is_prefill_chunk
-            and request.num_preemptions < self.leap.config.max_preemptions
-            and view.predicted_total is not None
-            and not self.leap_policy.is_aged(view, now)
-        )
+            and request.num_preemptions < limit
+            for i, request in enumerate(self.running)
+        ]
+
+
+# the key of every waiting request while LEAP leaves vLLM's order alone: a FIFO deque
+_FIFO = ()
+
+
+def _hint(request):
+    """The client's length hint (vLLM extra_args), if any."""
+    extra = request.sampling_params.extra_args if request.sampling_params else None
+    return extra.get(HINT_KEY) if extra else None
+
+
+def _view(request, batch: RunningBatch, i: int) -> RequestView:
+    total, log_std = float(batch.predicted_total[i]), float(batch.predicted_log_std[i])
+    predicted = not math.isnan(total)
+    return RequestView(
+        request_id=request.request_id,
+        arrival_time=request.arrival_time,
+        prompt_tokens=request.num_prompt_tokens,
+        generated_tokens=request.num_output_tokens,
+        predicted_total=total if predicted else None,
+        predicted_log_std=log_std if predicted else None,
+    )
 
 
 class LeapScheduler(LeapSchedulerMixin, Scheduler):

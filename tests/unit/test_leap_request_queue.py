@@ -1,0 +1,94 @@
+"""LeapRequestQueue against vLLM's own FCFSRequestQueue, with real vLLM Request objects.
+
+Without information LEAP gives every waiting request one key and turns aging off:
+the queue must then be vLLM's deque exactly, for every operation vLLM's scheduler uses.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from vllm import SamplingParams
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.request import Request
+
+from vllm_ext.leap.request_queue import LeapRequestQueue
+
+
+def _request(i: int, arrival: float) -> Request:
+    return Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=4), None, arrival_time=arrival)
+
+
+def _ids(queue) -> list[str]:
+    return [r.request_id for r in queue]
+
+
+def test_one_key_is_vllms_fcfs_queue_exactly():
+    rng = random.Random(0)
+    ours, vllms = LeapRequestQueue(lambda r: ((), None)), FCFSRequestQueue()
+    queued, made = [], 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.3 or not queued:
+            request = _request(made, rng.uniform(0, 100))
+            made += 1
+            add = rng.choice(["add_request", "prepend_request"])
+            getattr(ours, add)(request)
+            getattr(vllms, add)(request)
+            queued.append(request)
+        elif op < 0.4:  # a step's skipped requests go back with prepend_requests
+            batch = [_request(made + k, rng.uniform(0, 100)) for k in range(3)]
+            made += 3
+            ours.prepend_requests(batch)
+            vllms.prepend_requests(batch)
+            queued += batch
+        elif op < 0.55:
+            victim = rng.choice(queued)
+            ours.remove_request(victim)
+            vllms.remove_request(victim)
+            queued.remove(victim)
+        elif op < 0.65:
+            gone = rng.sample(queued, min(3, len(queued)))
+            ours.remove_requests(gone)
+            vllms.remove_requests(gone)
+            queued = [r for r in queued if r not in gone]
+        else:
+            assert ours.peek_request() is vllms.peek_request()
+            popped = ours.pop_request()
+            assert popped is vllms.pop_request()
+            queued.remove(popped)
+        assert len(ours) == len(vllms) and bool(ours) == bool(vllms)
+    assert _ids(ours) == _ids(vllms)
+
+
+def test_keys_order_the_queue_and_rekey_and_rebuild_follow_the_describer():
+    keys = {"r0": (3.0,), "r1": (1.0,), "r2": (2.0,)}
+    queue = LeapRequestQueue(lambda r: (keys[r.request_id], f"payload-{r.request_id}"))
+    requests = {f"r{i}": _request(i, float(i)) for i in range(3)}
+    for request in requests.values():
+        queue.add_request(request)
+    assert _ids(queue) == ["r1", "r2", "r0"]
+    assert sorted(queue.payloads()) == ["payload-r0", "payload-r1", "payload-r2"]
+    keys["r0"] = (0.5,)
+    queue.rekey(requests["r0"])  # the scheduler's call when a prediction changes
+    assert _ids(queue) == ["r0", "r1", "r2"]
+    keys.update(r0=(9.0,), r1=(9.0,), r2=(9.0,))
+    queue.rebuild(max_wait_s=math.inf)  # a new policy: all tie, today's order stays
+    assert _ids(queue) == ["r0", "r1", "r2"]
+    queue.set_head([requests["r2"]])  # the probe lane's plan goes first
+    assert queue.pop_request() is requests["r2"]
+
+
+def test_aged_requests_go_first_at_the_schedulers_time():
+    keys = {"old": (5.0,), "new": (1.0,)}
+    queue = LeapRequestQueue(lambda r: (keys[r.request_id], None))
+    old = Request("old", [1], SamplingParams(max_tokens=1), None, arrival_time=0.0)
+    new = Request("new", [1], SamplingParams(max_tokens=1), None, arrival_time=9.0)
+    queue.add_request(old)
+    queue.add_request(new)
+    queue.rebuild(max_wait_s=5.0)
+    queue.now = 4.0
+    assert queue.peek_request() is new
+    queue.now = 6.0  # old has waited 6 s
+    assert queue.peek_request() is old
