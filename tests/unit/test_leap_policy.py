@@ -142,6 +142,26 @@ def test_preemption_pairs_shortest_waiting_with_longest_running():
     assert policy.preemption_victims([], runners, free_slots=0, margin=0.0) == []
 
 
+def test_preemption_movable_check_equals_filtering_and_is_asked_lazily():
+    policy, rng = _policy(), random.Random(3)
+    for _ in range(300):
+        runners = [(f"r{i}", float(rng.randrange(1, 400))) for i in range(rng.randrange(12))]
+        waiting = [float(rng.randrange(1, 300)) for _ in range(rng.randrange(12))]
+        pinned = {rid for rid, _ in runners if rng.random() < 0.3}
+        free, margin = rng.randrange(3), rng.choice([0.0, 0.5])
+        asked = []
+
+        def movable(rid, asked=asked, pinned=pinned):
+            asked.append(rid)
+            return rid not in pinned
+
+        lazy = policy.preemption_victims(waiting, runners, free, margin, movable=movable)
+        movable_only = [r for r in runners if r[0] not in pinned]
+        assert lazy == policy.preemption_victims(waiting, movable_only, free, margin)
+        # asked only up to where the pairing stopped: the victims and the pinned it skipped
+        assert len(asked) <= len(lazy) + len(pinned)
+
+
 def test_victim_without_predictions_or_all_aged_is_fcfs_last():
     policy = _policy(max_wait_s=10)
     same_time = [_view("first", 3), _view("second", 3), _view("early", 1)]

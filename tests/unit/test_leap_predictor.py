@@ -204,6 +204,12 @@ def test_predict_matches_batch_and_clamps():
         assert single.total_tokens == pytest.approx(batch.total_tokens[i], rel=1e-12)
     expected = np.clip(np.expm1(batch.log_mean), 1, 100)
     np.testing.assert_allclose(batch.total_tokens, expected, rtol=1e-12)
+    # without the uncertainty: the same means, no std
+    lean = model.predict_batch(X[:10], max_len=100, with_std=False)
+    assert lean.log_std is None and model.predict(X[0], with_std=False).log_std is None
+    np.testing.assert_array_equal(lean.total_tokens, batch.total_tokens)
+    with pytest.raises(PredictionError):
+        model.predict_batch(np.full((2, X.shape[1]), np.nan), with_std=False)
     with np.errstate(all="raise"):  # no overflow on the way to the clamp
         far = model.predict(X[0] + 1e6 * model.scale * np.sign(model.w[:-1]), max_len=100)
     assert far.log_mean > 1000 and far.total_tokens == 100.0

@@ -26,7 +26,7 @@ def _ids(queue) -> list[str]:
 
 def test_one_key_is_vllms_fcfs_queue_exactly():
     rng = random.Random(0)
-    ours, vllms = LeapRequestQueue(lambda r: ((), None)), FCFSRequestQueue()
+    ours, vllms = LeapRequestQueue(lambda r: ((), None, None)), FCFSRequestQueue()
     queued, made = [], 0
     for _ in range(3000):
         op = rng.random()
@@ -64,7 +64,7 @@ def test_one_key_is_vllms_fcfs_queue_exactly():
 
 def test_keys_order_the_queue_and_rekey_and_rebuild_follow_the_describer():
     keys = {"r0": (3.0,), "r1": (1.0,), "r2": (2.0,)}
-    queue = LeapRequestQueue(lambda r: (keys[r.request_id], f"payload-{r.request_id}"))
+    queue = LeapRequestQueue(lambda r: (keys[r.request_id], None, f"payload-{r.request_id}"))
     requests = {f"r{i}": _request(i, float(i)) for i in range(3)}
     for request in requests.values():
         queue.add_request(request)
@@ -82,7 +82,7 @@ def test_keys_order_the_queue_and_rekey_and_rebuild_follow_the_describer():
 
 def test_aged_requests_go_first_at_the_schedulers_time():
     keys = {"old": (5.0,), "new": (1.0,)}
-    queue = LeapRequestQueue(lambda r: (keys[r.request_id], None))
+    queue = LeapRequestQueue(lambda r: (keys[r.request_id], None, None))
     old = Request("old", [1], SamplingParams(max_tokens=1), None, arrival_time=0.0)
     new = Request("new", [1], SamplingParams(max_tokens=1), None, arrival_time=9.0)
     queue.add_request(old)
@@ -92,3 +92,32 @@ def test_aged_requests_go_first_at_the_schedulers_time():
     assert queue.peek_request() is new
     queue.now = 6.0  # old has waited 6 s
     assert queue.peek_request() is old
+
+
+def test_expected_lengths_stay_sorted_through_every_change():
+    rng = random.Random(4)
+    length = {}
+    queue = LeapRequestQueue(lambda r: ((length[r.request_id] or 0.0,), length[r.request_id], None))
+    queued: dict[str, Request] = {}
+    for i in range(1500):
+        op = rng.random()
+        if op < 0.4 or not queued:
+            request = _request(i, float(i))
+            length[request.request_id] = rng.choice([None, float(rng.randrange(1, 50))])
+            getattr(queue, rng.choice(["add_request", "prepend_request"]))(request)
+            queued[request.request_id] = request
+        elif op < 0.55:  # a prediction arrived or changed
+            request_id = rng.choice(sorted(queued))
+            length[request_id] = rng.choice([None, float(rng.randrange(1, 50))])
+            queue.rekey(queued[request_id])
+        elif op < 0.7:
+            request = queued.pop(rng.choice(sorted(queued)))
+            queue.remove_requests([request])
+        elif op < 0.75:
+            queue.rebuild(max_wait_s=math.inf)
+        else:
+            del queued[queue.pop_request().request_id]
+        known, unknown = queue.lengths()
+        values = [length[i] for i in queued]
+        assert known == sorted(v for v in values if v is not None)
+        assert unknown == values.count(None)

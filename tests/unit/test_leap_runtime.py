@@ -53,7 +53,7 @@ def test_probe_vector_becomes_a_prediction_that_orders_by_length(weights):
 
 def test_a_step_of_vectors_is_predicted_in_one_batch_as_one_by_one(weights):
     vectors = {f"r{i}": np.float32(_vec(i / 4 - 1)) for i in range(6)}
-    batched, single = _runtime(weights), _runtime(weights)
+    batched, single = _runtime(weights, risk_k=1.0), _runtime(weights, risk_k=1.0)
     batched.on_probes(vectors)
     for req_id, vector in vectors.items():
         single.on_probe(req_id, vector)
@@ -105,6 +105,16 @@ def test_missing_vector_times_out_to_a_fallback_once(weights):
     clock.now = 2.0
     assert rt.prediction("r") is None and rt.prediction("r") is None
     assert rt.counters.value("fallbacks") == 1
+
+
+def test_uncertainty_is_computed_only_where_the_order_uses_it(weights):
+    # log_std costs O(D^2) per prediction; only risk_k > 0 reads it
+    plain, risky = _runtime(weights), _runtime(weights, risk_k=0.5)
+    for rt in (plain, risky):
+        rt.on_probes({"a": _vec(0.5), "b": _vec(-0.5)})
+    assert plain.prediction("a").log_std is None
+    assert risky.prediction("a").log_std > 0
+    assert plain.prediction("a").total_tokens == risky.prediction("a").total_tokens
 
 
 def test_changed_predictions_and_distinct_totals_are_tracked_for_the_scheduler(
@@ -255,7 +265,8 @@ def test_decode_probe_refines_to_generated_plus_predicted_remaining(weights, ref
 
 def test_a_step_of_decode_probes_is_refined_in_one_batch_as_one_by_one(weights, refine_weights):
     probes = {f"r{i}": (32 * (i + 1), _decode_vec(i / 3 - 1)) for i in range(5)}
-    batched, single = (_runtime(weights, refine_weights_path=str(refine_weights)) for _ in "ab")
+    config = {"refine_weights_path": str(refine_weights), "risk_k": 1.0}  # uncertainty too
+    batched, single = (_runtime(weights, **config) for _ in "ab")
     for rt in (batched, single):
         for req_id in [*probes, "bad"]:
             rt.on_probe(req_id, _vec(0.25))

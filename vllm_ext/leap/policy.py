@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from vllm_ext.leap.config import LeapConfig
@@ -197,6 +197,7 @@ class LeapPolicy:
         runners: Iterable[tuple[str, float]],
         free_slots: int,
         margin: float,
+        movable: Callable[[str], bool] | None = None,
     ) -> list[str]:
         """Running requests to preempt this step so shorter waiting ones can run (SRPT).
 
@@ -214,17 +215,23 @@ class LeapPolicy:
             runners: ``(request_id, remaining)`` of each preemptible runner.
             free_slots: decode slots free before any preemption.
             margin: minimum relative advantage, ``>= 0``.
+            movable: whether a runner may be preempted; asked only for the
+                runners the pairing reaches, longest first (a runner it rejects
+                is skipped, as if it were not in ``runners``).
 
         Returns:
             Victim ids, longest remaining first.
         """
-        waiting = sorted(waiting_expected)[max(free_slots, 0) :]
+        waiting = iter(sorted(waiting_expected)[max(free_slots, 0) :])
         longest = sorted(runners, key=lambda r: r[1], reverse=True)
         victims = []
-        for expected, (request_id, remaining) in zip(waiting, longest, strict=False):
-            if remaining <= expected * (1 + margin):
+        expected = next(waiting, None)
+        for request_id, remaining in longest:
+            if expected is None or remaining <= expected * (1 + margin):
                 break
-            victims.append(request_id)
+            if movable is None or movable(request_id):
+                victims.append(request_id)
+                expected = next(waiting, None)
         return victims
 
     def plan_slots(

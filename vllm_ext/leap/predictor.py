@@ -39,17 +39,17 @@ class Prediction:
     """Predicted output length: log1p-space mean/std, and expm1(mean) clamped to [1, max_len].
 
     Floats from :meth:`~LinearLengthModel.predict`, [B] arrays from ``predict_batch``.
+    ``log_std`` is None where it was not asked for (``with_std=False``).
     """
 
     log_mean: float
-    log_std: float
+    log_std: float | None
     total_tokens: float
 
     def row(self, i: int) -> Prediction:
         """Row ``i`` of a ``predict_batch`` result, as floats."""
-        return Prediction(
-            float(self.log_mean[i]), float(self.log_std[i]), float(self.total_tokens[i])
-        )
+        std = None if self.log_std is None else float(self.log_std[i])
+        return Prediction(float(self.log_mean[i]), std, float(self.total_tokens[i]))
 
 
 class LinearLengthModel:
@@ -156,16 +156,18 @@ class LinearLengthModel:
         max_trace = max(init_scale * (dim + 1), float(np.trace(P)))
         return cls(w, P, mean, scale, noise_var, n_updates=0, max_trace=max_trace)
 
-    def predict(self, x, max_len: int = DEFAULT_MAX_LEN) -> Prediction:
+    def predict(self, x, max_len: int = DEFAULT_MAX_LEN, with_std: bool = True) -> Prediction:
         """Predict one request. ``x``: [D]. Raises PredictionError if not finite."""
-        return self.predict_batch(self._vector(x)[None, :], max_len).row(0)
+        return self.predict_batch(self._vector(x)[None, :], max_len, with_std).row(0)
 
-    def predict_batch(self, X, max_len: int = DEFAULT_MAX_LEN) -> Prediction:
+    def predict_batch(self, X, max_len: int = DEFAULT_MAX_LEN, with_std: bool = True) -> Prediction:
         """Vectorised :meth:`predict`.
 
         Args:
             X: [B, D] features.
             max_len: clamp for ``total_tokens`` (>= 1).
+            with_std: also the uncertainty ``log_std``, ``sqrt(phi P phi * noise)``:
+                O(B D^2), most of the cost (the mean is O(B D)); None without it.
 
         Returns:
             Prediction with fields of shape [B].
@@ -181,9 +183,13 @@ class LinearLengthModel:
         with np.errstate(over="ignore", invalid="ignore"):
             phi = self._phi(X)
             log_mean = phi @ self.w
-            quad = np.sum((phi @ self.P) * phi, axis=1)
-            log_std = np.sqrt(np.maximum(quad, 0.0) * self.noise_var)
-        bad = ~(np.isfinite(phi).all(axis=1) & np.isfinite(log_mean) & np.isfinite(log_std))
+            log_std = None
+            if with_std:
+                quad = np.sum((phi @ self.P) * phi, axis=1)
+                log_std = np.sqrt(np.maximum(quad, 0.0) * self.noise_var)
+        bad = ~(np.isfinite(phi).all(axis=1) & np.isfinite(log_mean))
+        if log_std is not None:
+            bad |= ~np.isfinite(log_std)
         if bad.any():
             rows = np.flatnonzero(bad).tolist()
             raise PredictionError(f"non-finite features or prediction in rows {rows[:16]}")

@@ -45,22 +45,27 @@ def refine_features(vector, generated: int, prefill_log_mean: float) -> np.ndarr
 
 
 def refined_prediction(
-    model: LinearLengthModel, features: np.ndarray, generated: int, max_len: int
+    model: LinearLengthModel,
+    features: np.ndarray,
+    generated: int,
+    max_len: int,
+    with_std: bool = True,
 ) -> Prediction:
     """Total-length prediction ``generated + remaining`` from the refinement head.
 
     ``log_std`` is the head's uncertainty of log1p(remaining); the total is
     clamped to ``max_len`` like the prefill prediction.
     """
-    (prediction,) = refined_predictions(model, np.asarray(features)[None, :], [generated], max_len)
+    features = np.asarray(features)[None, :]
+    (prediction,) = refined_predictions(model, features, [generated], max_len, with_std)
     return prediction
 
 
 def refined_predictions(
-    model: LinearLengthModel, features: np.ndarray, generated, max_len: int
+    model: LinearLengthModel, features: np.ndarray, generated, max_len: int, with_std: bool = True
 ) -> list[Prediction]:
     """:func:`refined_prediction` of [B, D+2] ``features`` in one batch."""
-    remaining = model.predict_batch(features, max_len=max_len)
+    remaining = model.predict_batch(features, max_len=max_len, with_std=with_std)
     out = []
     for i, done in enumerate(generated):
         row = remaining.row(i)

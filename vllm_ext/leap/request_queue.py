@@ -7,15 +7,17 @@ interface of the scheduler's ``waiting`` queue, over
 with ``prepend_request(s)`` and new ones with ``add_request``; each of those
 keys the request once, so a step costs LEAP nothing per queued request.
 
-The scheduler owns the keys: ``describe(request)`` returns ``(key, payload)``
-at insertion, and the scheduler calls :meth:`rekey` when a queued request's
+The scheduler owns the keys: ``describe(request)`` returns ``(key, length,
+payload)`` at insertion, and the scheduler calls :meth:`rekey` when a queued request's
 prediction changes and :meth:`rebuild` when the policy changes.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
@@ -23,17 +25,29 @@ from vllm.v1.request import Request
 from vllm_ext.leap.serving_queue import AgingQueue
 
 
+class _Queued(NamedTuple):
+    request: Request
+    length: float | None  # expected remaining tokens, None if unknown
+    payload: object
+
+
 class LeapRequestQueue(RequestQueue):
     """Waiting requests in serving order at :attr:`now` (set by the scheduler each step).
 
+    Besides the order it keeps the queued requests' expected lengths sorted
+    (:meth:`lengths`), for the scheduler's preemption pairing.
+
     Args:
-        describe: ``request -> (key, payload)``; the payload is kept for the
-            scheduler (what it derived from the request when it was keyed).
+        describe: ``request -> (key, length, payload)``: its queue key, its
+            expected remaining tokens (None if unknown), and whatever else the
+            scheduler derived from it (kept, see :meth:`payloads`).
     """
 
-    def __init__(self, describe: Callable[[Request], tuple[tuple, object]]):
+    def __init__(self, describe: Callable[[Request], tuple[tuple, float | None, object]]):
         self._describe = describe
         self._queue = AgingQueue()
+        self._known: list[float] = []  # sorted lengths of the queued requests that have one
+        self._unknown = 0
         self.now = time.time()
 
     # --- vLLM's RequestQueue interface ---
@@ -50,20 +64,20 @@ class LeapRequestQueue(RequestQueue):
             self._push(request, front=True)
 
     def pop_request(self) -> Request:
-        return self._queue.pop(self.now).payload[0]
+        return self._remove(self._queue.peek(self.now).item_id)
 
     def peek_request(self) -> Request:
-        return self._queue.peek(self.now).payload[0]
+        return self._queue.peek(self.now).payload.request
 
     def remove_request(self, request: Request) -> None:
         if request.request_id not in self._queue:
             raise ValueError(f"request {request.request_id!r} is not in the waiting queue")
-        self._queue.remove(request.request_id)
+        self._remove(request.request_id)
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:
             if request.request_id in self._queue:
-                self._queue.remove(request.request_id)
+                self._remove(request.request_id)
 
     def __bool__(self) -> bool:
         return len(self._queue) > 0
@@ -72,7 +86,7 @@ class LeapRequestQueue(RequestQueue):
         return len(self._queue)
 
     def __iter__(self) -> Iterator[Request]:
-        return (item.payload[0] for item in self._queue.ordered(self.now))
+        return (item.payload.request for item in self._queue.ordered(self.now))
 
     # --- what the LEAP scheduler adds ---
 
@@ -81,23 +95,28 @@ class LeapRequestQueue(RequestQueue):
 
     def payloads(self) -> Iterator:
         """The scheduler's payload of each queued request (any order)."""
-        return (item.payload[1] for item in self._queue)
+        return (item.payload.payload for item in self._queue)
 
-    def payload(self, request_id: str):
-        return self._queue.get(request_id).payload[1]
+    def lengths(self) -> tuple[list[float], int]:
+        """The known expected lengths, ascending, and how many requests have none."""
+        return self._known, self._unknown
 
     def rekey(self, request: Request) -> None:
         """Describe ``request`` again (its prediction changed)."""
-        key, payload = self._describe(request)
-        self._queue.rekey(request.request_id, key, (request, payload))
+        old = self._queue.get(request.request_id).payload
+        queued, key = self._described(request)
+        self._track(old.length, added=False)
+        self._track(queued.length, added=True)
+        self._queue.rekey(request.request_id, key, queued)
 
     def rebuild(self, max_wait_s: float) -> None:
         """Describe every request again (the policy changed); ties keep today's order."""
         entries = []
+        self._known, self._unknown = [], 0
         for item in self._queue:
-            request = item.payload[0]
-            key, payload = self._describe(request)
-            entries.append((request.request_id, key, (request, payload)))
+            queued, key = self._described(item.payload.request)
+            self._track(queued.length, added=True)
+            entries.append((item.item_id, key, queued))
         self._queue.rebuild(entries, self.now)
         self._queue.max_wait_s = max_wait_s
 
@@ -105,12 +124,24 @@ class LeapRequestQueue(RequestQueue):
         """Admit these first, in order, until the next call (the probe lane's plan)."""
         self._queue.set_head(r.request_id for r in requests)
 
-    @property
-    def max_wait_s(self) -> float:
-        return self._queue.max_wait_s
+    def _described(self, request: Request) -> tuple[_Queued, tuple]:
+        key, length, payload = self._describe(request)
+        return _Queued(request, length, payload), key
 
     def _push(self, request: Request, front: bool) -> None:
-        key, payload = self._describe(request)
-        self._queue.push(
-            request.request_id, (request, payload), request.arrival_time, key, front=front
-        )
+        queued, key = self._described(request)
+        self._queue.push(request.request_id, queued, request.arrival_time, key, front=front)
+        self._track(queued.length, added=True)
+
+    def _remove(self, request_id: str) -> Request:
+        queued = self._queue.remove(request_id).payload
+        self._track(queued.length, added=False)
+        return queued.request
+
+    def _track(self, length: float | None, added: bool) -> None:
+        if length is None:
+            self._unknown += 1 if added else -1
+        elif added:
+            bisect.insort(self._known, length)
+        else:  # equal lengths are interchangeable: drop the first
+            del self._known[bisect.bisect_left(self._known, length)]

@@ -106,6 +106,8 @@ class LeapRuntime:
             self.refine = LinearLengthModel.load(source, dim=dim)
             logger.info("LEAP refinement head loaded from %s", source)
         self._entries: dict[str, _Entry] = {}
+        # the uncertainty costs O(D^2) per prediction (the mean O(D)); only risk_k reads it
+        self._with_std = config.risk_k > 0
         # predicted totals of live requests (distinct_predictions) and the ids whose
         # prediction changed since the scheduler last looked (take_changed)
         self._totals: Counter[float] = Counter()
@@ -185,7 +187,7 @@ class LeapRuntime:
         if self.model is not None and len(vectors) > 1:
             try:
                 X = np.asarray(list(vectors.values()), dtype=np.float64)
-                batch = self.model.predict_batch(X, max_len=self.config.max_len)
+                batch = self.model.predict_batch(X, self.config.max_len, self._with_std)
                 predictions = {req_id: batch.row(i) for i, req_id in enumerate(vectors)}
             except Exception:  # on_probe names the failing request(s) and falls back to FCFS
                 pass
@@ -206,7 +208,7 @@ class LeapRuntime:
             return
         try:
             if prediction is None:
-                prediction = self.model.predict(entry.features, max_len=self.config.max_len)
+                prediction = self.model.predict(entry.features, self.config.max_len, self._with_std)
         except Exception as exc:  # any predictor failure degrades to FCFS for this request
             entry.features = None
             msg = "LEAP prediction failed (%s); request keeps FCFS order"
@@ -227,7 +229,9 @@ class LeapRuntime:
             try:
                 features = np.stack([self._refine_features(r, *probes[r]) for r in refinable])
                 generated = [probes[r][0] for r in refinable]
-                batch = refined_predictions(self.refine, features, generated, self.config.max_len)
+                batch = refined_predictions(
+                    self.refine, features, generated, self.config.max_len, self._with_std
+                )
                 predictions = dict(zip(refinable, zip(features, batch, strict=True), strict=True))
             except Exception:  # on_decode_probe warns about the failing request
                 pass
@@ -252,7 +256,7 @@ class LeapRuntime:
             if refined is None:
                 features = self._refine_features(req_id, generated, vector)
                 prediction = refined_prediction(
-                    self.refine, features, generated, self.config.max_len
+                    self.refine, features, generated, self.config.max_len, self._with_std
                 )
             else:
                 features, prediction = refined

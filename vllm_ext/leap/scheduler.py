@@ -94,6 +94,8 @@ class LeapSchedulerMixin:
         # the policy of this step, and whether the queues follow it at all (set by schedule)
         self.leap_policy = self._leap_fcfs_prior
         self._leap_keyed = False
+        # running batch columns of requests with a prediction, until it changes
+        self._leap_columns: dict[str, tuple[float, float, float, float]] = {}
         # vLLM's waiting queue, kept in LEAP's order as requests come and go (empty here)
         self.waiting = LeapRequestQueue(self._leap_describe)
         # the lane needs a slot left for decoding
@@ -142,6 +144,9 @@ class LeapSchedulerMixin:
         policy = self._leap_with_prior if leap.informative else self._leap_fcfs_prior
         keyed = leap.distinct_predictions >= 2 or policy.config.prior == "prompt_length"
         changed = leap.take_changed()
+        # vLLM's finished_req_ids: finished or aborted since the last step
+        for request_id in (*changed, *self.finished_req_ids):
+            self._leap_columns.pop(request_id, None)
         if (policy, keyed) != (self.leap_policy, self._leap_keyed):
             self.leap_policy, self._leap_keyed = policy, keyed
             self.waiting.rebuild(policy.config.max_wait_s if keyed else math.inf)
@@ -150,8 +155,8 @@ class LeapSchedulerMixin:
             if request_id in self.waiting:
                 self.waiting.rekey(self.requests[request_id])
 
-    def _leap_describe(self, request) -> tuple[tuple, tuple[RequestView, float | None]]:
-        """Queue key of a waiting request, and its (view, remaining) for the scheduler."""
+    def _leap_describe(self, request) -> tuple[tuple, float | None, RequestView]:
+        """Queue key, predicted remaining and view of a waiting request."""
         prediction = self.leap.prediction(request.request_id, _hint(request))
         view = RequestView(
             request_id=request.request_id,
@@ -163,25 +168,44 @@ class LeapSchedulerMixin:
         )
         policy = self.leap_policy
         key = policy.unaged_key(view) if self._leap_keyed else _FIFO
-        return key, (view, policy.remaining(view))
+        return key, policy.remaining(view), view
 
     # --- the running batch: every request changes each step, so columns, not views
 
     def _leap_running_batch(self) -> RunningBatch:
-        leap = self.leap
-        predictions = [leap.prediction(r.request_id, _hint(r)) for r in self.running]
-        generated = [r.num_output_tokens for r in self.running]
-        for request, prediction, count in zip(self.running, predictions, generated, strict=True):
-            if prediction is None and count > 0:
-                # prefill finished on an earlier step; start the prediction timeout
-                leap.on_scheduled_prefill_done(request.request_id)
-        return RunningBatch.from_columns(
-            [r.arrival_time for r in self.running],
-            [r.num_prompt_tokens for r in self.running],
-            generated,
-            [p.total_tokens if p else math.nan for p in predictions],
-            [p.log_std if p else 0.0 for p in predictions],
+        columns = self._leap_columns
+        rows = []
+        for request in self.running:
+            row = columns.get(request.request_id)
+            if row is None:
+                row = self._leap_columns_of(request)
+            rows.append(row)
+        table = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
+        return RunningBatch(
+            table[:, 0],
+            table[:, 1],
+            np.array([r.num_output_tokens for r in self.running], dtype=np.float64),
+            table[:, 2],
+            table[:, 3],
         )
+
+    def _leap_columns_of(self, request) -> tuple[float, float, float, float]:
+        """(arrival, prompt tokens, predicted total or NaN, log-std or 0); kept while predicted."""
+        prediction = self.leap.prediction(request.request_id, _hint(request))
+        if prediction is None:
+            if request.num_output_tokens > 0:
+                # prefill finished on an earlier step; start the prediction timeout
+                self.leap.on_scheduled_prefill_done(request.request_id)
+            return (request.arrival_time, request.num_prompt_tokens, math.nan, 0.0)
+        row = (
+            request.arrival_time,
+            request.num_prompt_tokens,
+            prediction.total_tokens,
+            prediction.log_std or 0.0,
+        )
+        # until the runtime reports a change of this prediction (take_changed)
+        self._leap_columns[request.request_id] = row
+        return row
 
     def _leap_order_running(self, batch: RunningBatch, now: float) -> None:
         """Serving order, the policy's preemption victim last (vLLM preempts ``running[-1]``)."""
@@ -199,28 +223,31 @@ class LeapSchedulerMixin:
         prior = self.leap.typical_tokens  # expected length of a request not prefilled yet
         if not config.preempt or prior is None or not self.waiting:
             return batch
-        expected = [prior if left is None else left for _, left in self.waiting.payloads()]
-        remaining = running_order.remaining(self.leap_policy, batch).tolist()
-        movable = self._leap_preemptible(batch, now)
-        runners = [(i, remaining[i]) for i in range(len(batch)) if movable[i]]
+        known, unknown = self.waiting.lengths()
+        expected = [*known, *[prior] * unknown]  # two sorted runs: sorting them is a merge
+        remaining = running_order.remaining(self.leap_policy, batch)
+        rows = np.flatnonzero(self._leap_fresh_predicted(batch, now)).tolist()
+        # the per-request checks only for the runners the pairing reaches (a few per step)
         victims = self.leap_policy.preemption_victims(
             expected,
-            runners,
+            zip(rows, remaining[rows].tolist(), strict=True),
             free_slots=self.max_num_running_reqs - len(self.running),
             margin=config.preempt_margin,
+            movable=lambda row: self._leap_movable(self.running[row]),
         )
         return self._leap_preempt_rows(batch, victims, now)
 
     def _leap_fill_slots(self, batch: RunningBatch, now: float) -> list[str]:
         """Park runners and put the plan's picks at the head of ``waiting``; returns lane picks."""
         policy = self.leap_policy
-        movable = self._leap_preemptible(batch, now) if self.leap.config.preempt else None
+        fresh = self._leap_fresh_predicted(batch, now).tolist()
+        preempt = self.leap.config.preempt
         runners = [
-            (_view(request, batch, i), bool(movable is not None and movable[i]))
+            (_view(request, batch, i), preempt and fresh[i] and self._leap_movable(request))
             for i, request in enumerate(self.running)
         ]
         plan = policy.plan_slots(
-            [view for view, _ in self.waiting.payloads()],
+            list(self.waiting.payloads()),
             runners,
             slots=self.max_num_running_reqs,
             prior=self.leap.typical_tokens,
@@ -247,19 +274,21 @@ class LeapSchedulerMixin:
         self.leap.counters.inc("preemptions", len(rows))
         return batch.without(rows)
 
-    def _leap_preemptible(self, batch: RunningBatch, now: float) -> list[bool]:
-        # decoding requests with a prediction, not aged, not bounced too often
+    # preemptible: a decoding request with a prediction, not aged, not bounced too often
+
+    def _leap_fresh_predicted(self, batch: RunningBatch, now: float) -> np.ndarray:
+        """Rows with a prediction that have not aged (the vectorised half of preemptible)."""
         fresh = ~running_order.aged(self.leap_policy, batch, now)
-        predicted = ~np.isnan(batch.predicted_total)
-        limit = self.leap.config.max_preemptions
-        return [
-            bool(fresh[i] and predicted[i])
-            and request.status == RequestStatus.RUNNING
+        return fresh & ~np.isnan(batch.predicted_total)
+
+    def _leap_movable(self, request) -> bool:
+        """The per-request half of preemptible: decoding, not bounced too often."""
+        return (
+            request.status == RequestStatus.RUNNING
             and request.num_output_tokens > 0
             and not request.is_prefill_chunk
-            and request.num_preemptions < limit
-            for i, request in enumerate(self.running)
-        ]
+            and request.num_preemptions < self.leap.config.max_preemptions
+        )
 
 
 # the key of every waiting request while LEAP leaves vLLM's order alone: a FIFO deque
