@@ -5,7 +5,8 @@ engines (SmolLM2-135M-Instruct, float32, CPU) with many requests: ``--running``
 decode slots (``max_num_seqs``) full and ``--waiting`` more queued, the same
 requests for every variant, in round-robin rounds. Per step it times ``Scheduler.schedule`` and
 ``update_from_output`` (where LEAP orders queues, picks victims, takes probe
-vectors, predicts, and runs RLS on finished requests) and the whole step. The
+vectors, predicts, and runs RLS on finished requests), vLLM's own part inside
+them (so LEAP's own time is measured apart from vLLM's noisy share) and the whole step. The
 model's CPU step time is not the point: the scheduler milliseconds are compared
 with a GPU step (``leap_gpu_probe``: 3-8 ms with CUDA graphs on an H200).
 
@@ -36,6 +37,7 @@ def variants(weights: str) -> dict[str, dict | None]:
     leap = {"weights_path": weights, "max_wait_s": 600.0}
     return {
         "vllm_fcfs": None,
+        "leap_no_weights": {"max_wait_s": 600.0},  # plugin on, nothing to order by
         "leap": leap,
         "leap_rls_thread": {**leap, "rls_thread": True},
     }
@@ -79,10 +81,46 @@ def _timed(obj, name: str, sink: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
+def _timed_vllm(sink: dict[str, list[float]]):
+    """Time vLLM's own ``Scheduler`` methods (what LEAP's overrides call through ``super()``)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    originals = {name: getattr(Scheduler, name) for name in ("schedule", "update_from_output")}
+    for name, original in originals.items():
+
+        def wrapper(self, *a, _original=original, _sink=sink[name], **kw):
+            t0 = time.perf_counter()
+            try:
+                return _original(self, *a, **kw)
+            finally:
+                _sink.append((time.perf_counter() - t0) * 1e3)
+
+        setattr(Scheduler, name, wrapper)
+    return lambda: [setattr(Scheduler, n, f) for n, f in originals.items()]
+
+
 def measure(leap: dict | None, requests, args) -> dict:
-    """Median per-step milliseconds of one variant over ``args.steps`` measured steps."""
-    from vllm import LLM, SamplingParams
+    """Median per-step milliseconds of one variant over ``args.steps`` measured steps.
+
+    ``leap_own_ms``: per step, the scheduler's time less vLLM's own ``Scheduler``
+    methods inside it: what LEAP's code adds (0 for stock vLLM), free of the
+    run-to-run noise of vLLM's part.
+    """
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    vllm_ms = {"schedule": [], "update_from_output": []}
+    restore = _timed_vllm(vllm_ms)
+    try:
+        return _measure(leap, requests, args, vllm_ms)
+    finally:
+        restore()
+        gc.collect()
+        # the next variant's engine starts in this process: from a clean parallel state
+        cleanup_dist_env_and_memory()
+
+
+def _measure(leap, requests, args, vllm_ms: dict[str, list[float]]) -> dict:
+    from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model_path(MODEL)), **_engine_kwargs(leap, args))
     engine = llm.llm_engine
@@ -104,6 +142,8 @@ def measure(leap: dict | None, requests, args) -> dict:
     if runtime is not None:
         runtime.drain()
     measured = slice(args.warmup, None)
+    # one vLLM call inside each of the scheduler's: the lists align by step
+    own = np.add(sched_ms, update_ms) - np.add(vllm_ms["schedule"], vllm_ms["update_from_output"])
     row = {
         "schedule_ms": statistics.median(sched_ms[measured]),
         "update_ms": statistics.median(update_ms[measured]),
@@ -113,12 +153,11 @@ def measure(leap: dict | None, requests, args) -> dict:
         "running": len(scheduler.running),
         "waiting": len(scheduler.waiting),
         "finished": finished,
+        "leap_own_ms": float(np.median(own[measured])),
+        "leap_own_p90_ms": float(np.percentile(own[measured], 90)),
     }
     row["scheduler_ms"] = row["schedule_ms"] + row["update_ms"]
     del llm, engine, scheduler, runtime
-    gc.collect()
-    # the next variant's engine starts in this process: from a clean parallel state
-    cleanup_dist_env_and_memory()
     return row
 
 
@@ -157,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows.values():
         row["overhead_ms"] = row["scheduler_ms"] - base
         row["overhead_pct_of_gpu_step"] = 100 * row["overhead_ms"] / args.gpu_step_ms
+        row["leap_own_pct_of_gpu_step"] = 100 * row["leap_own_ms"] / args.gpu_step_ms
     result = BenchResult(
         name=NAME,
         description=__doc__.split("\n\n")[0],

@@ -44,7 +44,9 @@ class LeapConfig:
         30.0, doc="aging bound: a request waiting longer is served before any non-aged one (> 0)"
     )
     risk_k: float = option(
-        0.0, doc="order by predicted remaining inflated by exp(k * log-std) (>= 0)"
+        0.0,
+        doc="order by predicted remaining inflated by exp(k * log-std) "
+        "(>= 0; the log-std is computed only when > 0)",
     )
     prior: Literal["fcfs", "prompt_length"] = option(
         "prompt_length",

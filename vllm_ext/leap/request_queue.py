@@ -98,7 +98,8 @@ class LeapRequestQueue(RequestQueue):
         return (item.payload.payload for item in self._queue)
 
     def lengths(self) -> tuple[list[float], int]:
-        """The known expected lengths, ascending, and how many requests have none."""
+        """Expected lengths of the queued requests: the known ones ascending, and how many
+        are unknown. The list is the queue's own: read it, do not change it."""
         return self._known, self._unknown
 
     def rekey(self, request: Request) -> None:

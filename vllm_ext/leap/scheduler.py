@@ -193,10 +193,14 @@ class LeapSchedulerMixin:
         """(arrival, prompt tokens, predicted total or NaN, log-std or 0); kept while predicted."""
         prediction = self.leap.prediction(request.request_id, _hint(request))
         if prediction is None:
-            if request.num_output_tokens > 0:
+            row = (request.arrival_time, request.num_prompt_tokens, math.nan, 0.0)
+            if self.leap.model is None:  # nothing will come but a change: keep the row
+                self._leap_columns[request.request_id] = row
+            elif request.num_output_tokens > 0:
                 # prefill finished on an earlier step; start the prediction timeout
+                # (asked again each step until the prediction or the timeout comes)
                 self.leap.on_scheduled_prefill_done(request.request_id)
-            return (request.arrival_time, request.num_prompt_tokens, math.nan, 0.0)
+            return row
         row = (
             request.arrival_time,
             request.num_prompt_tokens,
