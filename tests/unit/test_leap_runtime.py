@@ -133,10 +133,11 @@ def test_changed_predictions_and_distinct_totals_are_tracked_for_the_scheduler(
     assert rt.take_changed() == {"p"}
     rt.on_scheduled_prefill_done("t")
     clock.now = 5.0
-    assert rt.prediction("t") is None  # the timeout clears nothing new, but is a change
-    assert rt.take_changed() == {"t"}
+    assert rt.prediction("t") is None  # the timeout: it had no prediction, so no change
+    assert rt.prediction("bad", hint="many") is None and rt.prediction("bad", hint="many") is None
+    assert rt.take_changed() == set()  # nor is a bad hint, asked every step
     rt.on_probe("x", _vec(0.0))
-    for req_id in ("h1", "h2", "p", "q", "t"):
+    for req_id in ("h1", "h2", "p", "q", "t", "bad"):
         rt.on_finished(req_id, 10, stopped=True, length_capped=False)
     assert rt.distinct_predictions == 1  # only x is left
     assert rt.take_changed() == {"x"}

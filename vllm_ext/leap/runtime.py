@@ -142,6 +142,8 @@ class LeapRuntime:
         return changed
 
     def _set_prediction(self, req_id: str, entry: _Entry, prediction: Prediction | None):
+        if prediction is entry.prediction:
+            return  # e.g. a failure of a request that had none: nothing to re-key
         if entry.prediction is not None:
             self._uncount(entry.prediction)
         if prediction is not None:
