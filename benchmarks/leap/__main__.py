@@ -26,6 +26,10 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
   decode-time refinement head (every ``--refine-every`` output tokens the probe
   layer's state re-predicts the remaining length; fitted on the same calibration
   prompts' recorded decode probes);
+- ``leap_cond``: ``leap`` with ``remaining=conditional``: a runner's expected
+  remaining is the mean of the head's log-normal error given the tokens it has
+  generated (and its max_tokens), so one that outlived its prediction no longer
+  looks about to finish (hints, so the baselines and the oracle, stay exact);
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -84,6 +88,7 @@ VARIANTS = (
     "leap_margin05",
     "leap_refine",
     "leap_refine_margin0",
+    "leap_cond",
     "oracle",
 )
 # the headline compares leap with the best baseline and with the oracle
@@ -190,6 +195,8 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
     refined = {"refine_weights_path": str(refine), "refine_every": args.refine_every}
     leap_refine = {"leap": {**leap_online["leap"], **refined}}
     leap_refine_margin0 = {"leap": {**leap_margin0["leap"], **refined}}
+    # a runner's remaining is the head's log-normal error given what it generated
+    leap_cond = {"leap": {**leap_online["leap"], "remaining": "conditional"}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"], "config": aging},
@@ -202,6 +209,7 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
         "leap_margin05": {"plugins": True, "config": leap_margin05},
         "leap_refine": {"plugins": True, "config": leap_refine},
         "leap_refine_margin0": {"plugins": True, "config": leap_refine_margin0},
+        "leap_cond": {"plugins": True, "config": leap_cond},
         "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},
     }
 

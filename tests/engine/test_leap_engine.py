@@ -148,6 +148,33 @@ def test_shorter_arrival_preempts_longest_and_outputs_are_unchanged():
     assert outputs["long"] == list(solo.token_ids)
 
 
+@pytest.mark.parametrize("remaining, finished_first", [("point", "long"), ("conditional", "short")])
+def test_a_runner_past_its_prediction_is_parked_only_under_the_conditional_remaining(
+    tmp_path, remaining, finished_first
+):
+    weights = write_weights(tmp_path / "w.npz", 128)  # predicts about 120 tokens here
+    leap = {"weights_path": str(weights), "remaining": remaining, "error_log_std": 1.0}
+    with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=1)) as llm:
+        solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(240))[0].outputs[0]
+        engine_, finished, outputs = llm.llm_engine, [], {}
+        engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(240))
+        engine_.step()
+        (runner,) = scheduler_of(llm).running  # vLLM's own id for "long"
+        predicted = leap_connector_of(llm).runtime.prediction(runner.request_id).total_tokens
+        assert predicted < 200
+        # past its prediction: the point rule says 1 token left, shorter than the arrival's 3
+        while runner.num_output_tokens < predicted + 10:
+            engine_.step()
+        engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(3, hint=3))
+        while engine_.has_unfinished_requests():
+            for out in engine_.step():
+                if out.finished:
+                    finished.append(out.request_id)
+                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+    assert finished[0] == finished_first
+    assert outputs["long"] == list(solo.token_ids)
+
+
 def test_probe_lane_probes_the_queue_early_and_outputs_are_unchanged(tmp_path):
     requests = [(f"q{i}", PROMPTS[i % 4][: 30 + 11 * i], _params(24)) for i in range(8)]
     with engine(MODEL, **leap_engine_kwargs({}, max_num_seqs=3)) as llm:

@@ -223,6 +223,27 @@ def test_prompt_length_prior_orders_unpredicted_by_prompt():
     assert policy.choose_victim([v for v in views if v.predicted_total is None], 4) == "short-late"
 
 
+def test_conditional_remaining_stops_favouring_a_runner_past_its_prediction():
+    policy = _policy()
+    overdue = dict(rid="overdue", arrival=0, predicted=100, generated=150)  # 1 left by the point
+    fresh = dict(rid="fresh", arrival=1, predicted=60)
+    point = [_view(**overdue), _view(**fresh)]
+    assert policy.order(point, now=2) == ["overdue", "fresh"]
+    assert policy.choose_victim(point, now=2) == "fresh"
+    spread = [RequestView(**{**_args(v), "error_log_std": 0.8}) for v in point]
+    assert policy.order(spread, now=2) == ["fresh", "overdue"]
+    assert policy.choose_victim(spread, now=2) == "overdue"
+    assert policy.remaining(spread[0]) > 60  # the log-normal's mean residual life
+    # the request's max_tokens bounds both rules
+    capped = RequestView(**{**_args(spread[0]), "max_tokens": 160})
+    assert policy.remaining(capped) <= 10
+    assert policy.remaining(RequestView(**{**_args(point[0]), "max_tokens": 80})) == 1
+
+
+def _args(view: RequestView) -> dict:
+    return {name: getattr(view, name) for name in RequestView.__slots__}
+
+
 def test_remaining_and_view_validation():
     policy = _policy()
     assert policy.remaining(_view("x", 0)) is None
@@ -238,6 +259,9 @@ def test_remaining_and_view_validation():
         args = {"rid": "bad", "arrival": 0, **kwargs}
         with pytest.raises(ValueError, match="RequestView"):
             _view(**args)
+    for kwargs in ({"error_log_std": -0.1}, {"error_log_std": math.inf}, {"max_tokens": 0}):
+        with pytest.raises(ValueError, match="RequestView"):
+            RequestView("bad", 0.0, 1, 0, 10.0, **kwargs)
     with pytest.raises(ValueError, match="duplicate"):
         policy.order([_view("a", 0), _view("a", 1)], 2)
 

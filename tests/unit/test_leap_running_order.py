@@ -18,14 +18,19 @@ def _random_views(rng: random.Random, n: int) -> list[RequestView]:
     for i in range(n):
         predicted = rng.choice([None, float(rng.randrange(1, 400)), rng.uniform(1, 400)])
         std = rng.choice([None, 0.0, rng.uniform(0, 2)]) if predicted else None
+        spread = rng.choice([0.0, 0.0, rng.uniform(0.05, 1.5)]) if predicted else 0.0
+        generated = rng.randrange(0, 300)
+        cap = rng.choice([math.inf, float(generated + rng.randrange(1, 300))])
         views.append(
             RequestView(
                 f"r{i}",
                 float(rng.randrange(8)),  # ties on arrival
                 rng.randrange(1, 40),
-                rng.randrange(0, 300),
+                generated,
                 predicted,
                 std,
+                error_log_std=spread,  # some with the conditional remaining
+                max_tokens=cap,
             )
         )
     return views
@@ -38,6 +43,8 @@ def _batch(views: list[RequestView]) -> RunningBatch:
         [v.generated_tokens for v in views],
         [math.nan if v.predicted_total is None else v.predicted_total for v in views],
         [v.predicted_log_std or 0.0 for v in views],
+        [v.error_log_std for v in views],
+        [v.max_tokens for v in views],
     )
 
 

@@ -219,6 +219,19 @@ def test_typical_tokens_comes_from_the_bias_or_from_finished_lengths(weights):
     assert rt.typical_tokens == pytest.approx(np.expm1((np.log1p(10) + np.log1p(1000)) / 2))
 
 
+def test_conditional_remaining_takes_the_heads_residual_spread_unless_told(weights):
+    assert _runtime(weights).error_log_std == 0.0  # remaining=point: predictions are exact
+    assert _runtime(remaining="conditional").error_log_std == 0.0  # no head, no spread
+    rt = _runtime(weights, remaining="conditional")
+    assert rt.error_log_std == pytest.approx(np.sqrt(rt.model.noise_var)) and rt.error_log_std > 0
+    told = _runtime(weights, remaining="conditional", error_log_std=0.7)
+    assert told.error_log_std == 0.7
+    # the prior is then a mean in the same units as runners: exp(sigma^2 / 2) above the median
+    median = _runtime(weights).typical_tokens
+    expected = (1 + median) * np.exp(0.7**2 / 2) - 1  # (conditioned on L > 0: a hair more)
+    assert told.typical_tokens == pytest.approx(expected, rel=1e-3)
+
+
 def test_informative_only_with_a_model_that_tells_requests_apart(weights, tmp_path):
     assert _runtime(weights).informative
     assert not _runtime().informative

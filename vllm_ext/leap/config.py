@@ -48,6 +48,18 @@ class LeapConfig:
         doc="order by predicted remaining inflated by exp(k * log-std) "
         "(>= 0; the log-std is computed only when > 0)",
     )
+    remaining: Literal["point", "conditional"] = option(
+        "point",
+        doc="a request's expected remaining tokens: predicted total (at most its max_tokens) "
+        "minus generated, at least 1; or the mean under the head's log-normal error given the "
+        "tokens already generated and max_tokens (a request past its prediction no longer "
+        "looks about to finish); client length hints are exact either way",
+    )
+    error_log_std: float | None = option(
+        None,
+        doc="spread (std in log1p space) of the head's error for remaining=conditional "
+        "(> 0); None = the head's residual std from calibration and RLS",
+    )
     prior: Literal["fcfs", "prompt_length"] = option(
         "prompt_length",
         doc="order of requests without a prediction yet: shortest prompt, or arrival "
@@ -112,6 +124,9 @@ class LeapConfig:
         _check_float(self, "max_wait_s", lambda v: v > 0, "> 0")
         _check_float(self, "risk_k", lambda v: v >= 0, ">= 0")
         _check_choice(self, "prior", ("fcfs", "prompt_length"))
+        _check_choice(self, "remaining", ("point", "conditional"))
+        if self.error_log_std is not None:
+            _check_float(self, "error_log_std", lambda v: v > 0, "> 0 or None")
         _check_float(self, "prediction_timeout_s", lambda v: v > 0, "> 0")
         _check_int(self, "max_len", minimum=1)
         if self.rls_thread is not None and not isinstance(self.rls_thread, bool):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.remaining import expected_remaining
 
 _AGED, _UNPREDICTED, _PREDICTED = 0, 1, 2
 # exp() overflows past this; remaining() reports inf instead of raising
@@ -48,6 +49,9 @@ class RequestView:
         generated_tokens: output tokens generated so far.
         predicted_total: predicted total output tokens (> 0), None if none yet.
         predicted_log_std: std of the prediction in log1p space (>= 0), if known.
+        error_log_std: spread of the prediction's error in log1p space (>= 0) for the
+            conditional remaining (:mod:`~vllm_ext.leap.remaining`); 0: taken as exact.
+        max_tokens: the request's output cap (> 0; inf: none).
     """
 
     request_id: str
@@ -56,6 +60,8 @@ class RequestView:
     generated_tokens: int
     predicted_total: float | None
     predicted_log_std: float | None = None
+    error_log_std: float = 0.0
+    max_tokens: float = math.inf
 
     def __post_init__(self) -> None:
         where = f"RequestView({self.request_id!r})"
@@ -72,6 +78,10 @@ class RequestView:
             raise ValueError(f"{where}: predicted_total must be finite and > 0, got {total}")
         if std is not None and not (math.isfinite(std) and std >= 0):
             raise ValueError(f"{where}: predicted_log_std must be finite and >= 0, got {std}")
+        if not (math.isfinite(self.error_log_std) and self.error_log_std >= 0):
+            raise ValueError(f"{where}: error_log_std must be finite and >= 0")
+        if not self.max_tokens > 0:
+            raise ValueError(f"{where}: max_tokens must be > 0, got {self.max_tokens}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +113,11 @@ class LeapPolicy:
     def remaining(self, view: RequestView) -> float | None:
         """Predicted remaining output tokens, risk-inflated; None without a prediction.
 
-        ``r = max(predicted_total - generated, 1)`` (a request past its
-        prediction counts as about to finish), then ``exp(log r + k * sigma)``
+        ``r = max(min(predicted_total, max_tokens) - generated, 1)`` (a request
+        past its prediction counts as about to finish) when ``error_log_std``
+        is 0; otherwise the mean remaining of the log-normal error given the
+        tokens generated (:func:`~vllm_ext.leap.remaining.expected_remaining`).
+        Then ``exp(log r + k * sigma)``
         with ``k = risk_k`` and ``sigma = predicted_log_std`` (0 if unknown).
         The inflation multiplies the *remaining* by ``e^(k sigma)``, not the
         total: requests with equal sigma share the factor, so risk_k reorders
@@ -314,7 +327,12 @@ class LeapPolicy:
         )
 
     def _remaining_and_inflation(self, view: RequestView) -> tuple[float, float]:
-        remaining = max(view.predicted_total - view.generated_tokens, 1.0)
+        total, generated = view.predicted_total, view.generated_tokens
+        if view.error_log_std > 0:
+            spread, cap = view.error_log_std, view.max_tokens
+            remaining = float(expected_remaining(total, generated, spread, cap))
+        else:
+            remaining = max(min(total, view.max_tokens) - generated, 1.0)
         return remaining, self.config.risk_k * (view.predicted_log_std or 0.0)
 
     def _log_remaining(self, view: RequestView) -> float | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_ext.leap.policy import MAX_LOG, LeapPolicy
+from vllm_ext.leap.remaining import expected_remaining
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class RunningBatch:
     """Columns of the running requests, in running-queue order.
 
     ``predicted_total`` is NaN where a request has no prediction;
-    ``predicted_log_std`` is 0 where unknown.
+    ``predicted_log_std`` is 0 where unknown; ``error_log_std`` and
+    ``max_tokens`` as in :class:`~vllm_ext.leap.policy.RequestView`.
     """
 
     arrival_time: np.ndarray
@@ -30,16 +32,15 @@ class RunningBatch:
     generated_tokens: np.ndarray
     predicted_total: np.ndarray
     predicted_log_std: np.ndarray
+    error_log_std: np.ndarray
+    max_tokens: np.ndarray
 
     @classmethod
-    def from_columns(cls, arrival, prompt, generated, total, log_std) -> RunningBatch:
-        return cls(
-            np.asarray(arrival, dtype=np.float64),
-            np.asarray(prompt, dtype=np.float64),
-            np.asarray(generated, dtype=np.float64),
-            np.asarray(total, dtype=np.float64),
-            np.asarray(log_std, dtype=np.float64),
-        )
+    def from_columns(
+        cls, arrival, prompt, generated, total, log_std, error_log_std=0.0, max_tokens=np.inf
+    ) -> RunningBatch:
+        columns = (arrival, prompt, generated, total, log_std, error_log_std, max_tokens)
+        return cls(*np.broadcast_arrays(*(np.asarray(c, dtype=np.float64) for c in columns)))
 
     def __len__(self) -> int:
         return len(self.arrival_time)
@@ -100,7 +101,9 @@ def _victim(batch, is_aged, predicted, log_left) -> int:
 
 
 def _left_and_inflation(policy: LeapPolicy, batch: RunningBatch):
-    left = np.maximum(batch.predicted_total - batch.generated_tokens, 1.0)  # NaN stays NaN
+    left = expected_remaining(  # NaN (no prediction) stays NaN
+        batch.predicted_total, batch.generated_tokens, batch.error_log_std, batch.max_tokens
+    )
     return left, policy.config.risk_k * batch.predicted_log_std
 
 

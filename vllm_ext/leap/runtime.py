@@ -30,6 +30,7 @@ from vllm_ext.common.log import get_logger
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel, Prediction
 from vllm_ext.leap.refine import refine_features, refined_prediction, refined_predictions
+from vllm_ext.leap.remaining import expected_remaining
 
 logger = get_logger(__name__)
 
@@ -172,7 +173,19 @@ class LeapRuntime:
             log_len = sum(self._length_stats) / len(self._length_stats)
         else:
             return None
-        return float(min(max(math.expm1(log_len), 1.0), self.config.max_len))
+        median = min(max(math.expm1(log_len), 1.0), self.config.max_len)
+        # in the units runners are compared in: with remaining=conditional, a mean
+        return float(expected_remaining(median, 0, self.error_log_std))
+
+    @property
+    def error_log_std(self) -> float:
+        """Spread of the head's error in log1p space for ``remaining=conditional``
+        (0: predictions are taken as exact, the ``point`` remaining)."""
+        if self.config.remaining == "point" or self.model is None:
+            return 0.0
+        if self.config.error_log_std is not None:
+            return self.config.error_log_std
+        return math.sqrt(max(self.model.noise_var, 0.0))
 
     def _warn_once(self, kind: str, msg: str, *args) -> None:
         if kind not in self._warned:

@@ -165,6 +165,8 @@ class LeapSchedulerMixin:
             generated_tokens=request.num_output_tokens,
             predicted_total=prediction.total_tokens if prediction else None,
             predicted_log_std=prediction.log_std if prediction else None,
+            error_log_std=self._leap_spread(request),
+            max_tokens=request.max_tokens,
         )
         policy = self.leap_policy
         key = policy.unaged_key(view) if self._leap_keyed else _FIFO
@@ -180,20 +182,23 @@ class LeapSchedulerMixin:
             if row is None:
                 row = self._leap_columns_of(request)
             rows.append(row)
-        table = np.array(rows, dtype=np.float64).reshape(len(rows), 4)
+        table = np.array(rows, dtype=np.float64).reshape(len(rows), 6)
         return RunningBatch(
             table[:, 0],
             table[:, 1],
             np.array([r.num_output_tokens for r in self.running], dtype=np.float64),
             table[:, 2],
             table[:, 3],
+            table[:, 4],
+            table[:, 5],
         )
 
-    def _leap_columns_of(self, request) -> tuple[float, float, float, float]:
-        """(arrival, prompt tokens, predicted total or NaN, log-std or 0); kept while predicted."""
+    def _leap_columns_of(self, request) -> tuple[float, ...]:
+        """(arrival, prompt tokens, predicted total or NaN, log-std or 0, error spread,
+        max_tokens); kept while predicted."""
         prediction = self.leap.prediction(request.request_id, _hint(request))
         if prediction is None:
-            row = (request.arrival_time, request.num_prompt_tokens, math.nan, 0.0)
+            row = (request.arrival_time, request.num_prompt_tokens, math.nan, 0.0, 0.0, math.inf)
             if self.leap.model is None:  # nothing will come but a change: keep the row
                 self._leap_columns[request.request_id] = row
             elif request.num_output_tokens > 0:
@@ -206,10 +211,16 @@ class LeapSchedulerMixin:
             request.num_prompt_tokens,
             prediction.total_tokens,
             prediction.log_std or 0.0,
+            self._leap_spread(request),
+            request.max_tokens,
         )
         # until the runtime reports a change of this prediction (take_changed)
         self._leap_columns[request.request_id] = row
         return row
+
+    def _leap_spread(self, request) -> float:
+        """Error spread of the request's prediction: a client's length hint is exact."""
+        return 0.0 if _hint(request) is not None else self.leap.error_log_std
 
     def _leap_order_running(self, batch: RunningBatch, now: float) -> None:
         """Serving order, the policy's preemption victim last (vLLM preempts ``running[-1]``)."""
@@ -315,6 +326,8 @@ def _view(request, batch: RunningBatch, i: int) -> RequestView:
         generated_tokens=request.num_output_tokens,
         predicted_total=total if predicted else None,
         predicted_log_std=log_std if predicted else None,
+        error_log_std=float(batch.error_log_std[i]),
+        max_tokens=float(batch.max_tokens[i]),
     )
 
 
