@@ -173,9 +173,10 @@ class LeapRuntime:
             log_len = sum(self._length_stats) / len(self._length_stats)
         else:
             return None
-        median = min(max(math.expm1(log_len), 1.0), self.config.max_len)
+        median = float(min(max(math.expm1(log_len), 1.0), self.config.max_len))
+        spread = self.error_log_std  # asked every step: no numpy for the point rule
         # in the units runners are compared in: with remaining=conditional, a mean
-        return float(expected_remaining(median, 0, self.error_log_std))
+        return median if spread == 0 else float(expected_remaining(median, 0, spread))
 
     @property
     def error_log_std(self) -> float:

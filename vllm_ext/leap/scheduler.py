@@ -157,7 +157,8 @@ class LeapSchedulerMixin:
 
     def _leap_describe(self, request) -> tuple[tuple, float | None, RequestView]:
         """Queue key, predicted remaining and view of a waiting request."""
-        prediction = self.leap.prediction(request.request_id, _hint(request))
+        hint = _hint(request)
+        prediction = self.leap.prediction(request.request_id, hint)
         view = RequestView(
             request_id=request.request_id,
             arrival_time=request.arrival_time,
@@ -165,7 +166,7 @@ class LeapSchedulerMixin:
             generated_tokens=request.num_output_tokens,
             predicted_total=prediction.total_tokens if prediction else None,
             predicted_log_std=prediction.log_std if prediction else None,
-            error_log_std=self._leap_spread(request),
+            error_log_std=self._leap_spread(hint),
             max_tokens=request.max_tokens,
         )
         policy = self.leap_policy
@@ -196,7 +197,8 @@ class LeapSchedulerMixin:
     def _leap_columns_of(self, request) -> tuple[float, ...]:
         """(arrival, prompt tokens, predicted total or NaN, log-std or 0, error spread,
         max_tokens); kept while predicted."""
-        prediction = self.leap.prediction(request.request_id, _hint(request))
+        hint = _hint(request)
+        prediction = self.leap.prediction(request.request_id, hint)
         if prediction is None:
             row = (request.arrival_time, request.num_prompt_tokens, math.nan, 0.0, 0.0, math.inf)
             if self.leap.model is None:  # nothing will come but a change: keep the row
@@ -211,16 +213,16 @@ class LeapSchedulerMixin:
             request.num_prompt_tokens,
             prediction.total_tokens,
             prediction.log_std or 0.0,
-            self._leap_spread(request),
+            self._leap_spread(hint),
             request.max_tokens,
         )
         # until the runtime reports a change of this prediction (take_changed)
         self._leap_columns[request.request_id] = row
         return row
 
-    def _leap_spread(self, request) -> float:
-        """Error spread of the request's prediction: a client's length hint is exact."""
-        return 0.0 if _hint(request) is not None else self.leap.error_log_std
+    def _leap_spread(self, hint) -> float:
+        """Error spread of a request's prediction: a client's length hint is exact."""
+        return 0.0 if hint is not None else self.leap.error_log_std
 
     def _leap_order_running(self, batch: RunningBatch, now: float) -> None:
         """Serving order, the policy's preemption victim last (vLLM preempts ``running[-1]``)."""
