@@ -175,6 +175,30 @@ def test_a_runner_past_its_prediction_is_parked_only_under_the_conditional_remai
     assert outputs["long"] == list(solo.token_ids)
 
 
+@pytest.mark.parametrize("max_tokens, finished_first", [(3, "short"), (100, "long")])
+def test_an_unprobed_arrival_counts_as_at_most_its_max_tokens(tmp_path, max_tokens, finished_first):
+    weights = write_weights(tmp_path / "w.npz", 128)
+    with engine(MODEL, **leap_engine_kwargs({"weights_path": str(weights)}, max_num_seqs=1)) as llm:
+        typical = leap_connector_of(llm).runtime.typical_tokens
+        assert 60 < typical < 100  # the prior: longer than the runner's 54 left, below 100
+        solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(60))[0].outputs[0]
+        engine_, finished, outputs = llm.llm_engine, [], {}
+        engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(60, hint=60))
+        for _ in range(6):
+            engine_.step()
+        # no hint, not prefilled yet: the prior, capped at what it may write
+        engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(max_tokens))
+        while engine_.has_unfinished_requests():
+            for out in engine_.step():
+                if out.finished:
+                    finished.append(out.request_id)
+                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        parks = leap_connector_of(llm).counters.value("preemptions")
+    assert finished[0] == finished_first
+    assert parks == (1 if finished_first == "short" else 0)
+    assert outputs["long"] == list(solo.token_ids)
+
+
 def test_probe_lane_probes_the_queue_early_and_outputs_are_unchanged(tmp_path):
     requests = [(f"q{i}", PROMPTS[i % 4][: 30 + 11 * i], _params(24)) for i in range(8)]
     with engine(MODEL, **leap_engine_kwargs({}, max_num_seqs=3)) as llm:

@@ -330,3 +330,14 @@ def test_order_with_the_callers_unaged_keys_equals_order_without(prior):
         # a partial map: the missing keys are computed
         half = dict(list(keys.items())[::2])
         assert policy.order(views, now, half) == policy.order(views, now)
+
+
+def test_probe_lane_scores_an_unprobed_request_by_the_prior_capped_at_its_max_tokens():
+    policy = _policy(preempt_margin=0.0)
+    runner = (_view("r", 0, predicted=60, generated=10), True)  # 50 left
+    free_writer = _view("big", 1)
+    capped = RequestView("small", 2.0, 10, 0, None, None, 0.0, 8.0)  # may write 8 tokens
+    # no lane: one decode slot; the prior (100) loses to the runner, max_tokens 8 wins
+    assert _plan(policy, [free_writer], [runner], slots=1, lane=0).park == []
+    plan = _plan(policy, [free_writer, capped], [runner], slots=1, lane=0)
+    assert (plan.park, plan.admit) == (["r"], ["small"])

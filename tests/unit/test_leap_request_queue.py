@@ -16,8 +16,9 @@ from vllm.v1.request import Request
 from vllm_ext.leap.request_queue import LeapRequestQueue
 
 
-def _request(i: int, arrival: float) -> Request:
-    return Request(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=4), None, arrival_time=arrival)
+def _request(i: int, arrival: float, max_tokens: int = 4) -> Request:
+    params = SamplingParams(max_tokens=max_tokens)
+    return Request(f"r{i}", [1, 2, 3], params, None, arrival_time=arrival)
 
 
 def _ids(queue) -> list[str]:
@@ -102,7 +103,7 @@ def test_expected_lengths_stay_sorted_through_every_change():
     for i in range(1500):
         op = rng.random()
         if op < 0.4 or not queued:
-            request = _request(i, float(i))
+            request = _request(i, float(i), max_tokens=rng.randrange(1, 600))
             length[request.request_id] = rng.choice([None, float(rng.randrange(1, 50))])
             getattr(queue, rng.choice(["add_request", "prepend_request"]))(request)
             queued[request.request_id] = request
@@ -117,7 +118,19 @@ def test_expected_lengths_stay_sorted_through_every_change():
             queue.rebuild(max_wait_s=math.inf)
         else:
             del queued[queue.pop_request().request_id]
-        known, unknown = queue.lengths()
+        known, unknown_caps = queue.lengths()
         values = [length[i] for i in queued]
         assert known == sorted(v for v in values if v is not None)
-        assert unknown == values.count(None)
+        caps = [float(queued[i].max_tokens) for i in queued if length[i] is None]
+        assert unknown_caps == sorted(caps)
+
+
+def test_an_unknown_requests_cap_is_what_it_may_still_write():
+    queue = LeapRequestQueue(lambda r: ((), None, None))
+    resumed = _request(0, 0.0, max_tokens=10)
+    resumed.append_output_token_ids([7, 8, 9])  # preempted after three tokens
+    queue.add_request(resumed)
+    queue.add_request(_request(1, 1.0, max_tokens=600))
+    assert queue.lengths() == ([], [7.0, 600.0])
+    queue.pop_request()
+    assert queue.lengths() == ([], [600.0])

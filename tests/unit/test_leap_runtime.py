@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from vllm_ext.common.counters import Counters
 from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.policy import LeapPolicy, RequestView
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.runtime import COUNTERS, LeapRuntime
 
@@ -228,8 +231,24 @@ def test_conditional_remaining_takes_the_heads_residual_spread_unless_told(weigh
     assert told.error_log_std == 0.7
     # the prior is then a mean in the same units as runners: exp(sigma^2 / 2) above the median
     median = _runtime(weights).typical_tokens
+    assert told.typical_tokens == median  # the typical total itself does not change
     expected = (1 + median) * np.exp(0.7**2 / 2) - 1  # (conditioned on L > 0: a hair more)
-    assert told.typical_tokens == pytest.approx(expected, rel=1e-3)
+    assert told.prior_remaining([math.inf])[0] == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize("remaining", ["point", "conditional"])
+def test_the_prior_of_an_unprobed_request_is_capped_at_its_max_tokens(weights, remaining):
+    rt = _runtime(weights, remaining=remaining)
+    assert _runtime().prior_remaining([10.0]) is None  # nothing known yet
+    caps = [1.0, 5.0, 20.0, 40.0, 400.0, 4000.0, math.inf]
+    prior = rt.prior_remaining(caps)
+    assert list(prior) == sorted(prior) and prior[0] == 1.0 and prior[-1] > 15  # typical ~ 19
+    assert (prior <= np.asarray(caps)).all()  # never more than it may write
+    # exactly how the policy scores a request predicted at the typical length
+    policy = LeapPolicy(rt.config)
+    for cap, value in zip(caps, prior, strict=True):
+        view = RequestView("u", 0.0, 3, 0, rt.typical_tokens, None, rt.error_log_std, cap)
+        assert value == pytest.approx(policy.remaining(view), rel=1e-12)
 
 
 def test_informative_only_with_a_model_that_tells_requests_apart(weights, tmp_path):

@@ -268,8 +268,8 @@ class LeapPolicy:
 
         Decode slots (``slots`` minus pinned runners minus the lane) go to the
         lowest keys: aged waiting requests first (arrival order), then the
-        log of expected remaining tokens -- a prediction, or ``prior`` for an
-        unprobed request outside the lane. A movable runner's key is lowered
+        log of expected remaining tokens -- from its prediction, or from
+        ``prior`` for an unprobed request outside the lane. A movable runner's key is lowered
         by ``log(1 + preempt_margin)``, so it is parked only for a clearly
         shorter request (no churn on near ties); on exact ties runners stay.
 
@@ -279,7 +279,9 @@ class LeapPolicy:
                 (not movable) keeps its slot, and one without a prediction
                 is counted as using the lane.
             slots: the most requests that may run (vLLM's ``max_num_seqs``).
-            prior: expected total tokens of an unprobed request (> 0).
+            prior: typical total tokens of an unprobed request (> 0); it is scored
+                as a request predicted at ``prior`` (so capped at its max_tokens,
+                and under ``remaining=conditional`` a mean given its spread).
             lane_width: slots the lane may use (0: no lane).
             now: current time, on the clock of ``arrival_time``.
 
@@ -302,7 +304,7 @@ class LeapPolicy:
                 return (0, 0.0, 0, 0, view.arrival_time)
             score = self._log_remaining(view)
             if score is None:
-                score = math.log(max(prior, 1.0))
+                score = math.log(self._remaining_at(max(prior, 1.0), view))
             elif running:
                 score -= stay_bias
             rank = prior_rank.get(view.request_id, len(unprobed))
@@ -327,13 +329,17 @@ class LeapPolicy:
         )
 
     def _remaining_and_inflation(self, view: RequestView) -> tuple[float, float]:
-        total, generated = view.predicted_total, view.generated_tokens
+        remaining = self._remaining_at(view.predicted_total, view)
+        return remaining, self.config.risk_k * (view.predicted_log_std or 0.0)
+
+    @staticmethod
+    def _remaining_at(total: float, view: RequestView) -> float:
+        """Remaining tokens of ``view`` were ``total`` its predicted total (no risk term)."""
+        generated = view.generated_tokens
         if view.error_log_std > 0:
             spread, cap = view.error_log_std, view.max_tokens
-            remaining = float(expected_remaining(total, generated, spread, cap))
-        else:
-            remaining = max(min(total, view.max_tokens) - generated, 1.0)
-        return remaining, self.config.risk_k * (view.predicted_log_std or 0.0)
+            return float(expected_remaining(total, generated, spread, cap))
+        return max(min(total, view.max_tokens) - generated, 1.0)
 
     def _log_remaining(self, view: RequestView) -> float | None:
         """log of :meth:`remaining`: the same order, and it never overflows."""

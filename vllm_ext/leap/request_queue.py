@@ -29,13 +29,15 @@ class _Queued(NamedTuple):
     request: Request
     length: float | None  # expected remaining tokens, None if unknown
     payload: object
+    cap: float  # output tokens it may still write, taken at insertion (removal finds the same)
 
 
 class LeapRequestQueue(RequestQueue):
     """Waiting requests in serving order at :attr:`now` (set by the scheduler each step).
 
-    Besides the order it keeps the queued requests' expected lengths sorted
-    (:meth:`lengths`), for the scheduler's preemption pairing.
+    Besides the order it keeps the queued requests' expected lengths sorted, and
+    the output caps of those without one (:meth:`lengths`), for the scheduler's
+    preemption pairing.
 
     Args:
         describe: ``request -> (key, length, payload)``: its queue key, its
@@ -47,7 +49,7 @@ class LeapRequestQueue(RequestQueue):
         self._describe = describe
         self._queue = AgingQueue()
         self._known: list[float] = []  # sorted lengths of the queued requests that have one
-        self._unknown = 0
+        self._unknown_caps: list[float] = []  # sorted output caps of the others
         self.now = time.time()
 
     # --- vLLM's RequestQueue interface ---
@@ -97,26 +99,27 @@ class LeapRequestQueue(RequestQueue):
         """The scheduler's payload of each queued request (any order)."""
         return (item.payload.payload for item in self._queue)
 
-    def lengths(self) -> tuple[list[float], int]:
-        """Expected lengths of the queued requests: the known ones ascending, and how many
-        are unknown. The list is the queue's own: read it, do not change it."""
-        return self._known, self._unknown
+    def lengths(self) -> tuple[list[float], list[float]]:
+        """Expected lengths of the queued requests that have one, ascending, and the
+        output caps (tokens they may still write) of those that have none, ascending.
+        The lists are the queue's own: read them, do not change them."""
+        return self._known, self._unknown_caps
 
     def rekey(self, request: Request) -> None:
         """Describe ``request`` again (its prediction changed)."""
         old = self._queue.get(request.request_id).payload
         queued, key = self._described(request)
-        self._track(old.length, added=False)
-        self._track(queued.length, added=True)
+        self._track(old, added=False)
+        self._track(queued, added=True)
         self._queue.rekey(request.request_id, key, queued)
 
     def rebuild(self, max_wait_s: float) -> None:
         """Describe every request again (the policy changed); ties keep today's order."""
         entries = []
-        self._known, self._unknown = [], 0
+        self._known, self._unknown_caps = [], []
         for item in self._queue:
             queued, key = self._described(item.payload.request)
-            self._track(queued.length, added=True)
+            self._track(queued, added=True)
             entries.append((item.item_id, key, queued))
         self._queue.rebuild(entries, self.now)
         self._queue.max_wait_s = max_wait_s
@@ -127,22 +130,29 @@ class LeapRequestQueue(RequestQueue):
 
     def _described(self, request: Request) -> tuple[_Queued, tuple]:
         key, length, payload = self._describe(request)
-        return _Queued(request, length, payload), key
+        return _Queued(request, length, payload, _output_cap(request)), key
 
     def _push(self, request: Request, front: bool) -> None:
         queued, key = self._described(request)
         self._queue.push(request.request_id, queued, request.arrival_time, key, front=front)
-        self._track(queued.length, added=True)
+        self._track(queued, added=True)
 
     def _remove(self, request_id: str) -> Request:
         queued = self._queue.remove(request_id).payload
-        self._track(queued.length, added=False)
+        self._track(queued, added=False)
         return queued.request
 
-    def _track(self, length: float | None, added: bool) -> None:
-        if length is None:
-            self._unknown += 1 if added else -1
-        elif added:
-            bisect.insort(self._known, length)
-        else:  # equal lengths are interchangeable: drop the first
-            del self._known[bisect.bisect_left(self._known, length)]
+    def _track(self, queued: _Queued, added: bool) -> None:
+        if queued.length is None:
+            values, value = self._unknown_caps, queued.cap
+        else:
+            values, value = self._known, queued.length
+        if added:
+            bisect.insort(values, value)
+        else:  # equal values are interchangeable: drop the first
+            del values[bisect.bisect_left(values, value)]
+
+
+def _output_cap(request: Request) -> float:
+    """Output tokens ``request`` may still write (>= 1); fixed while it waits."""
+    return float(max(request.max_tokens - request.num_output_tokens, 1))

@@ -160,12 +160,13 @@ class LeapRuntime:
 
     @property
     def typical_tokens(self) -> float | None:
-        """Expected length of a request not prefilled yet (None: nothing known yet).
+        """Typical total length of a request not prefilled yet (None: nothing known yet).
 
         With a model: its bias — features are standardised, so the bias is the
         prediction for the average probe vector (the calibration mean of
         log(1 + length)). Without one (length hints only): the geometric mean
-        of recent finished lengths.
+        of recent finished lengths. The policy treats such a request as one
+        predicted at this length (:meth:`prior_remaining`).
         """
         if self.model is not None:
             log_len = float(self.model.w[-1])
@@ -173,10 +174,26 @@ class LeapRuntime:
             log_len = sum(self._length_stats) / len(self._length_stats)
         else:
             return None
-        median = float(min(max(math.expm1(log_len), 1.0), self.config.max_len))
-        spread = self.error_log_std  # asked every step: no numpy for the point rule
-        # in the units runners are compared in: with remaining=conditional, a mean
-        return median if spread == 0 else float(expected_remaining(median, 0, spread))
+        return float(min(max(math.expm1(log_len), 1.0), self.config.max_len))
+
+    def prior_remaining(self, caps) -> np.ndarray | None:
+        """Expected remaining tokens of requests not prefilled yet, one per output cap.
+
+        Each counts as a request predicted at :attr:`typical_tokens` that may
+        write at most ``cap`` tokens, in the units runners are compared in (so a
+        waiting request with max_tokens 10 counts as at most 10):
+        ``min(typical, cap)`` under the point rule, the capped log-normal mean
+        under ``remaining=conditional``. Ascending caps give ascending values.
+        None: nothing known yet.
+        """
+        typical = self.typical_tokens
+        if typical is None:
+            return None
+        caps = np.asarray(caps, dtype=np.float64)
+        spread = self.error_log_std
+        if spread == 0:
+            return np.maximum(np.minimum(typical, caps), 1.0)
+        return expected_remaining(typical, 0, spread, caps)
 
     @property
     def error_log_std(self) -> float:

@@ -16,8 +16,8 @@ queues, at a cost per *change*, not per queued request:
 Before each ``super().schedule()``:
 
 1. SRPT admission: waiting requests beyond the free decode slots are paired,
-   shortest expected remaining first (its prediction, or the prior for a
-   request not yet prefilled), with the running requests of longest predicted
+   shortest expected remaining first (its prediction, or the prior, capped at
+   its max_tokens, for a request not yet prefilled), with the running requests of longest predicted
    remaining; each runner whose remaining exceeds its partner's by
    ``preempt_margin`` is preempted (vLLM's own ``_preempt_request``; its
    prompt blocks stay in the prefix cache). Several per step, so a burst of
@@ -237,11 +237,14 @@ class LeapSchedulerMixin:
         Returns the running batch that is left.
         """
         config = self.leap.config
-        prior = self.leap.typical_tokens  # expected length of a request not prefilled yet
-        if not config.preempt or prior is None or not self.waiting:
+        if not config.preempt or not self.waiting:
             return batch
-        known, unknown = self.waiting.lengths()
-        expected = [*known, *[prior] * unknown]  # two sorted runs: sorting them is a merge
+        known, unknown_caps = self.waiting.lengths()
+        # requests not prefilled yet: the typical length, capped at each one's max_tokens
+        prior = self.leap.prior_remaining(unknown_caps)
+        if prior is None:
+            return batch
+        expected = [*known, *prior.tolist()]  # two sorted runs: sorting them is a merge
         remaining = running_order.remaining(self.leap_policy, batch)
         rows = np.flatnonzero(self._leap_fresh_predicted(batch, now)).tolist()
         # the per-request checks only for the runners the pairing reaches (a few per step)
