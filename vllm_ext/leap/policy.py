@@ -269,9 +269,10 @@ class LeapPolicy:
         Decode slots (``slots`` minus pinned runners minus the lane) go to the
         lowest keys: aged waiting requests first (arrival order), then the
         log of expected remaining tokens -- from its prediction, or from
-        ``prior`` for an unprobed request outside the lane. A movable runner's key is lowered
-        by ``log(1 + preempt_margin)``, so it is parked only for a clearly
-        shorter request (no churn on near ties); on exact ties runners stay.
+        ``prior`` for an unprobed request outside the lane. A movable
+        runner's key is lowered by ``log(1 + preempt_margin)``, so it is
+        parked only for a clearly shorter request (no churn on near ties); on
+        exact ties runners stay.
 
         Args:
             waiting: waiting requests, queue order.
@@ -334,7 +335,7 @@ class LeapPolicy:
 
     @staticmethod
     def _remaining_at(total: float, view: RequestView) -> float:
-        """Remaining tokens of ``view`` were ``total`` its predicted total (no risk term)."""
+        """Remaining tokens of ``view`` if ``total`` were its predicted total (no risk term)."""
         generated = view.generated_tokens
         if view.error_log_std > 0:
             spread, cap = view.error_log_std, view.max_tokens

@@ -16,12 +16,12 @@ queues, at a cost per *change*, not per queued request:
 Before each ``super().schedule()``:
 
 1. SRPT admission: waiting requests beyond the free decode slots are paired,
-   shortest expected remaining first (its prediction, or the prior, capped at
-   its max_tokens, for a request not yet prefilled), with the running requests of longest predicted
-   remaining; each runner whose remaining exceeds its partner's by
-   ``preempt_margin`` is preempted (vLLM's own ``_preempt_request``; its
-   prompt blocks stay in the prefix cache). Several per step, so a burst of
-   new requests is probed at the batch width.
+   shortest expected remaining first (its prediction, or for a request not
+   yet prefilled the prior, capped at its max_tokens), with the running
+   requests of longest predicted remaining; each runner whose remaining
+   exceeds its partner's by ``preempt_margin`` is preempted (vLLM's own
+   ``_preempt_request``; its prompt blocks stay in the prefix cache). Several
+   per step, so a burst of new requests is probed at the batch width.
 2. ``running`` is ordered so that the policy's preemption victim is last —
    vLLM's FCFS victim is ``running[-1]``.
 
