@@ -164,6 +164,8 @@ def render_plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
             values = [result.variants[n].get(metric) for n in names]
             ax.bar(names, [v if _is_number(v) else 0.0 for v in values])
             ax.set_xlabel("variant")
+            if len(names) > 5:  # long variant names overlap side by side
+                ax.tick_params(axis="x", labelrotation=30)
         ax.set_ylabel(metric or "")
         ax.set_title(f"{result.name}: {metric}")
         fig.tight_layout()
