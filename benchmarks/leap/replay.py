@@ -25,7 +25,8 @@ arrival); ``upfront`` (LEAP's predictions known at arrival, as a separate
 encoder's are: the rules' cost of having to probe is ``leap`` / ``upfront``);
 ``leap``; ``leap_cond`` (``remaining=conditional``); ``leap_cond_uncapped``
 (the conditional rule with the prior it had before it was capped at each
-request's max_tokens); ``leap_margin05``.
+request's max_tokens); ``leap_margin05``; ``leap_lane`` (``probe_slots=1``:
+:meth:`LeapPolicy.plan_slots` each step, its picks admitted first).
 
 Bursts: the served benchmark's own 32 test requests, predicted by the head
 fitted on its calibration prompts (the check against the served run), then
@@ -87,6 +88,7 @@ class Rules:
     preempt_margin: float = 0.0
     max_preemptions: int = 2
     capped_prior: bool = True
+    probe_slots: int = 0  # the probe lane: LeapPolicy.plan_slots instead of the SRPT pairing
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ VARIANTS = {
     "leap_cond": Rules(remaining="conditional"),
     "leap_cond_uncapped": Rules(remaining="conditional", capped_prior=False),
     "leap_margin05": Rules(preempt_margin=0.5),
+    "leap_lane": Rules(probe_slots=1),
 }
 
 
@@ -147,22 +150,41 @@ def replay(burst: Burst, rules: Rules, engine: Engine, typical: float, spread: f
     waiting_expected = {i: expected(i) for i in range(n)}
     running: list[int] = []
     now, parks = 0.0, 0
+
+    def movable(i: int) -> bool:  # the scheduler's _leap_movable, aging out of reach
+        return bool(known[i] and generated[i] > 0 and parks_of[i] < rules.max_preemptions)
+
     while waiting or running:
-        if waiting and not rules.fcfs:
+        head: list[int] = []  # admitted first (the probe lane's plan), then the queue order
+        if waiting and rules.probe_slots:
+            plan = policy.plan_slots(
+                [view(i) for i in waiting],
+                [(view(i), movable(i)) for i in running],
+                engine.slots,
+                typical,
+                min(rules.probe_slots, engine.slots - 1),
+                now=0.0,
+            )
+            victims = [int(i) for i in plan.park]
+            head = [int(i) for i in (*plan.admit, *plan.probe)]
+        elif waiting and not rules.fcfs:
             runners = [(i, policy.remaining(view(i))) for i in running if known[i]]
             victims = policy.preemption_victims(
                 waiting_expected.values(),
                 runners,
                 free_slots=engine.slots - len(running),
                 margin=rules.preempt_margin,
-                movable=lambda i: generated[i] > 0 and parks_of[i] < rules.max_preemptions,
+                movable=movable,
             )
-            for i in victims:
-                running.remove(i)
-                parks_of[i] += 1
-                waiting[i], waiting_expected[i] = policy.unaged_key(view(i)), expected(i)
-            parks += len(victims)
-        admitted = sorted(waiting, key=waiting.get)[: engine.slots - len(running)]
+        else:
+            victims = []
+        for i in victims:
+            running.remove(i)
+            parks_of[i] += 1
+            waiting[i], waiting_expected[i] = policy.unaged_key(view(i)), expected(i)
+        parks += len(victims)
+        rest = sorted((i for i in waiting if i not in head), key=waiting.get)
+        admitted = [*head, *rest][: engine.slots - len(running)]
         for i in admitted:
             del waiting[i], waiting_expected[i]
         running += admitted

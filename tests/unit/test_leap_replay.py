@@ -58,3 +58,14 @@ def test_with_exact_predictions_upfront_is_the_oracle_and_leap_never_beats_it():
         assert replay(burst, exact_upfront, engine, 60.0, 0.5)[METRIC_S] == oracle
         for name in ("leap", "leap_cond", "fcfs"):
             assert replay(burst, VARIANTS[name], engine, 60.0, 0.5)[METRIC_S] >= oracle * 0.999
+
+
+def test_the_probe_lane_probes_the_queue_while_the_short_one_decodes():
+    # two slots, lane width 1, prior 10: step 1 admits r0 (shortest prompt) to decode and
+    # probes r1 in the lane; step 2 both are known long (39 left), r2 (prior 10) takes a
+    # slot and the probed r1 is parked; r2 ends at step 3, r0 at 40, r1 resumes: 42
+    engine = Engine(slots=2, step_s=1.0, prefill_s_per_token=0.0)
+    burst = _burst([40, 40, 2], prompts=[5, 6, 7])
+    lane = replay(burst, VARIANTS["leap_lane"], engine, 10.0, 0.5)
+    assert lane["parks"] == 1
+    assert lane[METRIC_S] == pytest.approx(np.mean([40 / 40, 42 / 40, 3 / 2]))
