@@ -37,7 +37,7 @@ replaces the head's predictions by ``true * exp(N(0, s^2))``: what head
 quality the rules need to come within 15 % of the oracle.
 
 Run: ``python -m benchmarks.leap.replay`` (reuses the served benchmark's
-recording from ``--record-cache``; ~10 min on one core).
+recording from ``--record-cache``; ~5 min on one core).
 """
 
 from __future__ import annotations
