@@ -46,7 +46,7 @@ import argparse
 import math
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -60,7 +60,7 @@ from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, writ
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.policy import LeapPolicy, RequestView
 from vllm_ext.leap.predictor import LinearLengthModel
-from vllm_ext.leap.ridge_cv import choose_alpha, fold_parts
+from vllm_ext.leap.ridge_cv import choose_alpha, out_of_fold_log_mean
 
 NAME = "leap_replay"
 METRIC = "ratio_to_oracle"
@@ -200,13 +200,9 @@ def replay(burst: Burst, rules: Rules, engine: Engine, typical: float, spread: f
 
 
 def out_of_fold(X: np.ndarray, y: np.ndarray, alpha: float, folds: int = 8) -> np.ndarray:
-    """[N] predicted totals of the ridge head, each from the folds without its row."""
-    out = np.empty(len(y))
-    for part in fold_parts(len(y), folds, seed=0):
-        train = np.setdiff1d(np.arange(len(y)), part)
-        model = LinearLengthModel.fit_ridge(X[train], y[train], alpha=alpha)
-        out[part] = model.predict_batch(X[part]).total_tokens
-    return out
+    """[N] predicted totals of the ridge head, each from the folds without its row
+    (at least 1, as the head's; the bursts' max_tokens caps them in the policy)."""
+    return np.maximum(np.expm1(out_of_fold_log_mean(X, y, alpha, folds=folds)), 1.0)
 
 
 def ratios(bursts: list[Burst], variants: dict, engine: Engine, typical, spread) -> dict:
@@ -216,7 +212,7 @@ def ratios(bursts: list[Burst], variants: dict, engine: Engine, typical, spread)
         oracle = replay(burst, VARIANTS["oracle"], engine, typical, spread)
         for name, rules in variants.items():
             run = replay(burst, rules, engine, typical, spread)
-            out[name]["ratios"].append(run["mean_per_token_latency_s"] / oracle[METRIC_S])
+            out[name]["ratios"].append(run[METRIC_S] / oracle[METRIC_S])
             out[name]["parks"].append(run["parks"])
     return out
 
@@ -239,7 +235,7 @@ def quality_sweep(bursts, sigmas, engine, typical, seed: int = 0) -> list[dict]:
     points = []
     for s in tqdm(sigmas, desc="quality sweep"):
         noisy = [
-            Burst(b.lengths, b.lengths * np.exp(rng.normal(0, s, len(b.lengths))), *_rest(b))
+            replace(b, predicted=b.lengths * np.exp(rng.normal(0, s, len(b.lengths))))
             for b in bursts
         ]
         taus = [kendalltau(b.predicted, b.lengths)[0] for b in noisy]
@@ -252,10 +248,6 @@ def quality_sweep(bursts, sigmas, engine, typical, seed: int = 0) -> list[dict]:
             }
         )
     return points
-
-
-def _rest(burst: Burst) -> tuple:
-    return burst.prompt_tokens, burst.max_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,13 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = ratios(bursts, VARIANTS, engine, typical, spread)
     sigmas = [float(s) for s in args.sigmas.split(",")]
     sweep = quality_sweep(bursts[: args.sweep_bursts], sigmas, engine, typical)
-    result = _result(args, runs, served_runs, sweep, predicted, y, typical, spread)
+    result = _result(args, engine, runs, served_runs, sweep, predicted, y, typical, spread)
     write_result(result, args.out)
     sys.stdout.write(f"{result.headline}\n")
     return 0
 
 
-def _result(args, runs, served_runs, sweep, predicted, y, typical, spread) -> BenchResult:
+def _result(args, engine, runs, served_runs, sweep, predicted, y, typical, spread) -> BenchResult:
     variants = {}
     for name, r in runs.items():
         variants[name] = {
@@ -331,7 +323,7 @@ def _result(args, runs, served_runs, sweep, predicted, y, typical, spread) -> Be
         fingerprint=collect_fingerprint(),
         plot_metric=METRIC,
         config={
-            "engine": vars(Engine(slots=args.slots)),
+            "engine": vars(engine),
             "bursts": args.bursts,
             "requests_per_burst": args.requests,
             "max_tokens": args.max_tokens,

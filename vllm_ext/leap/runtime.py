@@ -189,11 +189,8 @@ class LeapRuntime:
         typical = self.typical_tokens
         if typical is None:
             return None
-        caps = np.asarray(caps, dtype=np.float64)
-        spread = self.error_log_std
-        if spread == 0:
-            return np.maximum(np.minimum(typical, caps), 1.0)
-        return expected_remaining(typical, 0, spread, caps)
+        # spread 0 (the point rule) is max(min(typical, cap), 1) there
+        return expected_remaining(typical, 0, self.error_log_std, caps)
 
     @property
     def error_log_std(self) -> float:
