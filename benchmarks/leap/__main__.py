@@ -11,7 +11,10 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
   set (the separate-encoder class of S3/SSJF), predictions sent as hints;
 - ``leap_static``: LEAP's probe + calibrated head, no online correction;
 - ``leap``: LEAP with online RLS (default prior ``prompt_length``: requests not yet
-  prefilled are admitted shortest prompt first);
+  prefilled are admitted shortest prompt first) and its other defaults, loops
+  included (a runner seen repeating a token cycle runs to its max_tokens);
+- ``leap_no_loops``: ``leap`` with ``loops=off`` (results written before loops
+  existed call this variant ``leap``);
 - ``leap_fcfs_prior``: ablation, LEAP with prior ``fcfs`` (requests not yet prefilled
   are admitted in arrival order);
 - ``leap_lane``: LEAP with a probe lane (``probe_slots=1``): one of the four slots
@@ -89,6 +92,7 @@ VARIANTS = (
     "leap_refine",
     "leap_refine_margin0",
     "leap_cond",
+    "leap_no_loops",
     "oracle",
 )
 # the headline compares leap with the best baseline and with the oracle
@@ -119,16 +123,8 @@ def _record_in_subprocess(model: Path, prompts: list[str], args, out: Path) -> d
 
 
 def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
-    """:func:`_record_in_subprocess`, reusing an earlier recording of the same inputs.
-
-    Greedy lengths and probe vectors are a function of the model, the prompts,
-    ``max_tokens`` and the probe settings, so those name the cache file.
-    """
-    key = [str(model), prompts, args.max_tokens, args.layer, args.pooling]
-    key += [args.dtype, "decode probes every", args.refine_every]
-    key = json.dumps(key, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    cached = Path(args.record_cache) / f"record-{digest}.npz"
+    """:func:`_record_in_subprocess`, reusing an earlier recording of the same inputs."""
+    cached = record_cache_path(model, prompts, args)
     if cached.exists():
         with np.load(cached) as data:
             return dict(data)
@@ -136,6 +132,19 @@ def _cached_record(model: Path, prompts: list[str], args, work: Path) -> dict:
     cached.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cached, **rec)
     return rec
+
+
+def record_cache_path(model: Path, prompts: list[str], args) -> Path:
+    """Where the recording of these inputs is cached.
+
+    Greedy outputs and probe vectors are a function of the model, the prompts,
+    ``max_tokens`` and the probe settings, so those name the cache file.
+    """
+    key = [str(model), prompts, args.max_tokens, args.layer, args.pooling]
+    key += [args.dtype, "decode probes every", args.refine_every, "output tokens"]
+    key = json.dumps(key, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(args.record_cache) / f"record-{digest}.npz"
 
 
 def benchmark_prompts(args) -> tuple[list[str], list[str], list[str]]:
@@ -197,6 +206,8 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
     leap_refine_margin0 = {"leap": {**leap_margin0["leap"], **refined}}
     # a runner's remaining is the head's log-normal error given what it generated
     leap_cond = {"leap": {**leap_online["leap"], "remaining": "conditional"}}
+    # LEAP without reading its outputs for repetition loops (on by default)
+    leap_no_loops = {"leap": {**leap_online["leap"], "loops": "off"}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"], "config": aging},
@@ -210,6 +221,7 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
         "leap_refine": {"plugins": True, "config": leap_refine},
         "leap_refine_margin0": {"plugins": True, "config": leap_refine_margin0},
         "leap_cond": {"plugins": True, "config": leap_cond},
+        "leap_no_loops": {"plugins": True, "config": leap_no_loops},
         "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},
     }
 

@@ -23,10 +23,14 @@ per burst, with LEAP's own policy code deciding:
 Variants on the same bursts: ``fcfs``; ``oracle`` (true lengths known at
 arrival); ``upfront`` (LEAP's predictions known at arrival, as a separate
 encoder's are: the rules' cost of having to probe is ``leap`` / ``upfront``);
-``leap``; ``leap_cond`` (``remaining=conditional``); ``leap_cond_uncapped``
+``leap``; ``leap_no_loops`` (LEAP without reading its outputs for repetition
+loops: :mod:`vllm_ext.leap.loops`, on by default since it was measured
+here); ``leap_cond`` (``remaining=conditional``); ``leap_cond_uncapped``
 (the conditional rule with the prior it had before it was capped at each
 request's max_tokens); ``leap_margin05``; ``leap_lane`` (``probe_slots=1``:
-:meth:`LeapPolicy.plan_slots` each step, its picks admitted first).
+:meth:`LeapPolicy.plan_slots` each step, its picks admitted first). All but
+``leap_no_loops``, ``fcfs`` and ``oracle`` see a request's loop when LEAP's
+scheduler would (the recording keeps the generated tokens).
 
 Bursts: the served benchmark's own 32 test requests, predicted by the head
 fitted on its calibration prompts (the check against the served run), then
@@ -58,6 +62,7 @@ from benchmarks.leap.__main__ import _cached_record, _prompt_tokens, benchmark_p
 from vllm_ext.assets import model_path
 from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
 from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.loops import first_loop
 from vllm_ext.leap.policy import LeapPolicy, RequestView
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.ridge_cv import choose_alpha, out_of_fold_log_mean
@@ -75,6 +80,8 @@ class Burst:
     predicted: np.ndarray
     prompt_tokens: np.ndarray
     max_tokens: int
+    # output tokens when the scheduler first sees each request repeat a cycle (inf: never)
+    loop_onset: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,7 @@ class Rules:
     max_preemptions: int = 2
     capped_prior: bool = True
     probe_slots: int = 0  # the probe lane: LeapPolicy.plan_slots instead of the SRPT pairing
+    loops: bool = False  # a request seen repeating a cycle runs to its cap (exact)
 
 
 @dataclass(frozen=True)
@@ -103,12 +111,14 @@ class Engine:
 VARIANTS = {
     "fcfs": Rules(fcfs=True),
     "oracle": Rules(known_upfront=True, exact=True),
-    "upfront": Rules(known_upfront=True),
-    "leap": Rules(),
-    "leap_cond": Rules(remaining="conditional"),
-    "leap_cond_uncapped": Rules(remaining="conditional", capped_prior=False),
-    "leap_margin05": Rules(preempt_margin=0.5),
-    "leap_lane": Rules(probe_slots=1),
+    # the served LEAP's defaults read the output for loops, so all of these do too
+    "upfront": Rules(known_upfront=True, loops=True),
+    "leap": Rules(loops=True),
+    "leap_no_loops": Rules(),
+    "leap_cond": Rules(remaining="conditional", loops=True),
+    "leap_cond_uncapped": Rules(remaining="conditional", capped_prior=False, loops=True),
+    "leap_margin05": Rules(preempt_margin=0.5, loops=True),
+    "leap_lane": Rules(probe_slots=1, loops=True),
 }
 
 
@@ -132,10 +142,15 @@ def replay(burst: Burst, rules: Rules, engine: Engine, typical: float, spread: f
     known = np.full(n, rules.known_upfront)
     generated, parks_of = np.zeros(n, dtype=int), np.zeros(n, dtype=int)
     done_s = np.full(n, np.nan)
+    seen = rules.loops and burst.loop_onset is not None
+    onset = burst.loop_onset if seen else np.full(n, np.inf)
 
     def view(i: int, total=None, cap=burst.max_tokens) -> RequestView:
+        error = spread
+        if total is None and generated[i] >= onset[i]:
+            total, error = float(cap), 0.0  # caught in a loop: it runs to its cap
         total = total if total is not None else (float(predicted[i]) if known[i] else None)
-        args = (int(burst.prompt_tokens[i]), int(generated[i]), total, None, spread, float(cap))
+        args = (int(burst.prompt_tokens[i]), int(generated[i]), total, None, error, float(cap))
         return RequestView(str(i), i * 1e-6, *args)
 
     def expected(i: int) -> float:  # a waiting request's expected remaining
@@ -197,6 +212,32 @@ def replay(burst: Burst, rules: Rules, engine: Engine, typical: float, spread: f
                 done_s[i] = now
                 running.remove(i)
     return {METRIC_S: float(np.mean(done_s / burst.lengths)), "parks": parks}
+
+
+def loop_onsets(tokens: np.ndarray, config: LeapConfig) -> np.ndarray:
+    """[N] output tokens when the scheduler first sees each recorded output repeat a
+    cycle (``config``'s loop settings), inf where it never does. ``tokens``: [N, T], -1 padded."""
+    onsets = []
+    for row in tokens:
+        ids = row[row >= 0].tolist()
+        found = first_loop(
+            ids, config.loop_max_period, config.loop_min_span, config.loop_check_every
+        )
+        onsets.append(math.inf if found is None else found)
+    return np.asarray(onsets, dtype=float)
+
+
+def loop_summary(onset: np.ndarray, lengths: np.ndarray, max_tokens: int) -> dict:
+    """How many outputs ran to the cap, how many of them were seen looping and when,
+    and the loops found in outputs that then stopped before it (false alarms)."""
+    found, capped = np.isfinite(onset), lengths >= max_tokens
+    return {
+        "outputs": int(len(lengths)),
+        "capped": int(capped.sum()),
+        "capped_found_looping": int((found & capped).sum()),
+        "onset_median_tokens": float(np.median(onset[found & capped])) if found.any() else None,
+        "false_alarms": int((found & ~capped).sum()),
+    }
 
 
 def out_of_fold(X: np.ndarray, y: np.ndarray, alpha: float, folds: int = 8) -> np.ndarray:
@@ -278,11 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     typical, spread = float(np.expm1(head.w[-1])), float(np.sqrt(head.noise_var))
     engine = Engine(slots=args.slots)
 
+    onset = loop_onsets(rec["tokens"][:n], LeapConfig())
     served = Burst(
         y[n_cal:],
         head.predict_batch(X[n_cal:]).total_tokens,
         prompt_tokens[n_cal:],
         args.max_tokens,
+        onset[n_cal:],
     )
     served_runs = {
         name: replay(served, rules, engine, typical, spread) for name, rules in VARIANTS.items()
@@ -290,11 +333,12 @@ def main(argv: list[str] | None = None) -> int:
     predicted = out_of_fold(X, y, alpha)
     rng = np.random.default_rng(0)
     picks = [rng.choice(n, args.requests, replace=False) for _ in range(args.bursts)]
-    bursts = [Burst(y[p], predicted[p], prompt_tokens[p], args.max_tokens) for p in picks]
+    bursts = [Burst(y[p], predicted[p], prompt_tokens[p], args.max_tokens, onset[p]) for p in picks]
     runs = ratios(bursts, VARIANTS, engine, typical, spread)
     sigmas = [float(s) for s in args.sigmas.split(",")]
     sweep = quality_sweep(bursts[: args.sweep_bursts], sigmas, engine, typical)
     result = _result(args, engine, runs, served_runs, sweep, predicted, y, typical, spread)
+    result.config["loops"] = loop_summary(onset, y, args.max_tokens)
     write_result(result, args.out)
     sys.stdout.write(f"{result.headline}\n")
     return 0

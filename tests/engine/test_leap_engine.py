@@ -153,7 +153,9 @@ def test_a_runner_past_its_prediction_is_parked_only_under_the_conditional_remai
     tmp_path, remaining, finished_first
 ):
     weights = write_weights(tmp_path / "w.npz", 128)  # predicts about 120 tokens here
+    # loops off: tiny-llama's answer repeats one token, which would say it runs to its cap
     leap = {"weights_path": str(weights), "remaining": remaining, "error_log_std": 1.0}
+    leap["loops"] = "off"
     with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=1)) as llm:
         solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(240))[0].outputs[0]
         engine_, finished, outputs = llm.llm_engine, [], {}
@@ -196,6 +198,37 @@ def test_an_unprobed_arrival_counts_as_at_most_its_max_tokens(tmp_path, max_toke
         parks = leap_connector_of(llm).counters.value("preemptions")
     assert finished[0] == finished_first
     assert parks == (1 if finished_first == "short" else 0)
+    assert outputs["long"] == list(solo.token_ids)
+
+
+@pytest.mark.parametrize("loops, finished_first", [("greedy", "short"), ("off", "long")])
+def test_a_runner_caught_in_a_loop_counts_as_running_to_its_cap(tmp_path, loops, finished_first):
+    # tiny-llama's greedy answer to this prompt repeats one token from the start
+    weights = write_weights(tmp_path / "w.npz", 128)
+    leap = {"weights_path": str(weights), "loops": loops}
+    with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=1)) as llm:
+        solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(300))[0].outputs[0]
+        engine_, finished, outputs = llm.llm_engine, [], {}
+        engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(300))
+        engine_.step()
+        (runner,) = scheduler_of(llm).running
+        runtime = leap_connector_of(llm).runtime
+        while runner.num_output_tokens < 48:  # checked every 8 tokens past the 32-token span
+            engine_.step()
+        predicted = runtime.prediction(runner.request_id).total_tokens
+        # the arrival's 150 tokens: more than the runner's prediction has left (about
+        # 170 - 48), fewer than its cap has (300 - 48)
+        assert predicted == 300 if loops == "greedy" else 48 + 100 < predicted < 48 + 150
+        engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(150, hint=150))
+        while engine_.has_unfinished_requests():
+            for out in engine_.step():
+                if out.finished:
+                    finished.append(out.request_id)
+                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        counters = leap_connector_of(llm).counters
+    assert finished[0] == finished_first
+    assert counters.value("loops") == (2 if loops == "greedy" else 0)  # the solo run's too
+    assert counters.value("preemptions") == (1 if loops == "greedy" else 0)
     assert outputs["long"] == list(solo.token_ids)
 
 

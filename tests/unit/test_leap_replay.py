@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,18 @@ def test_the_probe_lane_probes_the_queue_while_the_short_one_decodes():
     lane = replay(burst, VARIANTS["leap_lane"], engine, 10.0, 0.5)
     assert lane["parks"] == 1
     assert lane[METRIC_S] == pytest.approx(np.mean([40 / 40, 42 / 40, 3 / 2]))
+
+
+def test_a_runner_seen_looping_counts_as_running_to_its_cap():
+    # r0 (admitted first) is predicted 5 but loops from the start: seen after 4 tokens,
+    # it has 46 of its cap of 50 left, more than the prior of 10: parked for r1 (3)
+    burst = _burst([50, 3], predicted=[5, 3], prompts=[5, 20], max_tokens=50)
+    burst = replace(burst, loop_onset=np.array([4, np.inf]))
+    blind = replay(burst, VARIANTS["leap_no_loops"], ONE_SLOT, 10.0, 0.5)
+    # r0 past its prediction has 1 token left: it keeps its slot to the end (50), r1: 53
+    assert blind["parks"] == 0
+    assert blind[METRIC_S] == pytest.approx(np.mean([50 / 50, 53 / 3]))
+    seen = replay(burst, VARIANTS["leap"], ONE_SLOT, 10.0, 0.5)
+    # r1 runs steps 5-7, r0 resumes and writes its other 46: ends at 53
+    assert seen["parks"] == 1
+    assert seen[METRIC_S] == pytest.approx(np.mean([53 / 50, 7 / 3]))

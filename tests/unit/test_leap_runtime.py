@@ -329,6 +329,41 @@ def test_hinted_and_unprobed_requests_are_not_refined(weights, refine_weights):
     assert rt.counters.value("refinements") == 0 and rt.num_live() == 1
 
 
+def test_a_loop_predicts_the_cap_exactly_and_outranks_later_probes(weights, refine_weights):
+    rt = _runtime(weights, refine_weights_path=str(refine_weights), remaining="conditional")
+    rt.on_probe("r", _vec(-1.0))
+    prefill = rt.prediction("r")
+    assert rt.watches_loops("r") and not rt.is_exact("r")
+    rt.take_changed()
+    rt.on_loop("r", 300)
+    looped = rt.prediction("r")
+    assert (looped.total_tokens, looped.log_std) == (300.0, 0.0)
+    assert rt.is_exact("r") and not rt.watches_loops("r")
+    assert rt.take_changed() == {"r"} and rt.counters.value("loops") == 1
+    # neither a refinement nor the prefill probe re-sent after a preemption undoes it
+    rt.on_decode_probe("r", 64, _decode_vec(-2.0))
+    rt.on_probe("r", _vec(-1.0))
+    rt.on_loop("r", 500)  # found again: nothing changes, nothing counted
+    assert rt.prediction("r") == looped and rt.counters.value("loops") == 1
+    # the true length teaches the prefill head, and the client sees its prediction
+    info = rt.on_finished("r", 300, stopped=False, length_capped=True)
+    assert info["predicted_tokens"] == pytest.approx(prefill.total_tokens)
+    assert rt.counters.value("rls_updates") == 1
+
+
+def test_hinted_unknown_and_clamped_loops(weights):
+    rt = _runtime(weights, max_len=100)
+    assert rt.prediction("hinted", hint=40).total_tokens == 40
+    rt.on_loop("hinted", 300)  # the client's length stands
+    rt.on_loop("gone", 300)  # finished or never probed: no entry is created
+    assert not rt.watches_loops("hinted") and not rt.watches_loops("gone")
+    assert rt.prediction("hinted").total_tokens == 40 and rt.num_live() == 1
+    rt.on_probe("r", _vec(0.0))
+    rt.on_loop("r", 300)
+    assert rt.prediction("r").total_tokens == 100  # clamped at max_len like any prediction
+    assert rt.counters.value("loops") == 1
+
+
 def test_a_failed_refinement_keeps_the_prediction_and_serves_on(weights, refine_weights, caplog):
     rt = _runtime(weights, refine_weights_path=str(refine_weights))
     rt.on_probe("r", _vec(0.5))

@@ -76,6 +76,8 @@ class Recording:
     ``X`` [N, D] prefill probe vectors, ``y`` [N] generated lengths; with
     ``refine_every`` set, ``decode_X`` [M, D] decode probes taken after
     ``decode_generated`` [M] output tokens of request ``decode_request`` [M].
+    ``tokens`` [N, max_tokens]: the generated ids, -1 past the end (where
+    repetition loops begin, :mod:`~vllm_ext.leap.loops`).
     """
 
     X: np.ndarray
@@ -83,6 +85,7 @@ class Recording:
     decode_X: np.ndarray
     decode_generated: np.ndarray
     decode_request: np.ndarray
+    tokens: np.ndarray
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -107,13 +110,14 @@ def record(
     llm = LLM(model=model, dtype=dtype, **engine_kwargs(leap))
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
     outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
-    vectors, lengths, decode = [], [], []
+    vectors, lengths, decode, tokens = [], [], [], []
     for out in outputs:
         info = (out.kv_transfer_params or {}).get("leap") or {}
         if info.get("probe") is not None:
             decode += [(g, v, len(vectors)) for g, v in info.get("decode_probes") or ()]
             vectors.append(info["probe"])
             lengths.append(len(out.outputs[0].token_ids))
+            tokens.append(out.outputs[0].token_ids)
     if not vectors:
         raise RuntimeError("no probe vectors came back; is the LEAP connector enabled?")
     dim = len(vectors[0])
@@ -123,7 +127,16 @@ def record(
         decode_X=np.asarray([v for _, v, _ in decode], dtype=np.float64).reshape(-1, dim),
         decode_generated=np.asarray([g for g, _, _ in decode], dtype=np.float64),
         decode_request=np.asarray([r for _, _, r in decode], dtype=np.int64),
+        tokens=padded_tokens(tokens, max_tokens),
     )
+
+
+def padded_tokens(outputs: list, max_tokens: int) -> np.ndarray:
+    """[N, max_tokens] generated token ids, -1 past each output's end."""
+    table = np.full((len(outputs), max_tokens), -1, dtype=np.int64)
+    for row, ids in zip(table, outputs, strict=True):
+        row[: len(ids)] = ids
+    return table
 
 
 def fit(X: np.ndarray, y: np.ndarray, config: LeapConfig, holdout: float, seed: int):

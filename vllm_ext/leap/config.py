@@ -95,6 +95,21 @@ class LeapConfig:
     refine_every: int = option(
         32, doc="output tokens between two refinements of a request's prediction (>= 1)"
     )
+    loops: Literal["off", "greedy", "all"] = option(
+        "greedy",
+        doc="repetition loops: a request whose output tail repeats one token cycle is "
+        "predicted to run to its max_tokens (exactly, like a client hint); checked for greedy "
+        "requests without repetition penalties (where a cycle persists), for all, or never",
+    )
+    loop_max_period: int = option(128, doc="longest token cycle looked for (>= 1)")
+    loop_min_span: int = option(
+        32,
+        doc="output tokens a cycle must repeat over (beyond its first occurrence, and at "
+        "least one whole cycle) before it counts as a loop (>= 1)",
+    )
+    loop_check_every: int = option(
+        8, doc="output tokens between two loop checks of a running request (>= 1)"
+    )
     rls_thread: bool | None = option(
         None,
         doc="apply RLS updates (and checkpoints) on a background thread, so the scheduler "
@@ -125,6 +140,9 @@ class LeapConfig:
         _check_float(self, "risk_k", lambda v: v >= 0, ">= 0")
         _check_choice(self, "prior", ("fcfs", "prompt_length"))
         _check_choice(self, "remaining", ("point", "conditional"))
+        _check_choice(self, "loops", ("off", "greedy", "all"))
+        for name in ("loop_max_period", "loop_min_span", "loop_check_every"):
+            _check_int(self, name, minimum=1)
         if self.error_log_std is not None:
             _check_float(self, "error_log_std", lambda v: v > 0, "> 0 or None")
         _check_float(self, "prediction_timeout_s", lambda v: v > 0, "> 0")

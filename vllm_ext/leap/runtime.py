@@ -48,6 +48,7 @@ COUNTERS = (
     CounterSpec("lane_probes", "requests admitted through the probe lane to read their probe"),
     CounterSpec("refinements", "remaining-length predictions refined from a decode probe"),
     CounterSpec("refine_rls_updates", "online RLS corrections of the refinement head"),
+    CounterSpec("loops", "requests found repeating a token cycle (predicted to run to max_tokens)"),
 )
 
 
@@ -59,6 +60,7 @@ class _Entry:
     prefill_done_at: float | None = None
     failed: bool = False
     hinted: bool = False  # the prediction came from the client and outranks the probe
+    looped: bool = False  # its output repeats a cycle: it runs to its cap (outranks the probe)
     # (features, generated, predicted total) of each refinement, for its RLS
     refinements: list[tuple[np.ndarray, int, float]] = field(default_factory=list)
     decode_probes: list[tuple[int, list[float]]] = field(default_factory=list)  # return_probe
@@ -247,7 +249,9 @@ class LeapRuntime:
         if entry.prediction is None:
             self.counters.inc("predictions")
         entry.prefill_prediction, entry.failed = prediction, False
-        if not entry.refinements:  # a preempted request's prompt recompute re-sends the probe
+        # a preempted request's prompt recompute re-sends the probe: what was
+        # learned since (a refinement, a loop) stays
+        if not (entry.refinements or entry.looped):
             self._set_prediction(req_id, entry, prediction)
 
     def on_decode_probes(self, probes: dict) -> None:
@@ -300,8 +304,33 @@ class LeapRuntime:
     def _refinable(self, req_id: str) -> bool:
         entry = self._entries.get(req_id)
         return not (
-            entry is None or self.refine is None or entry.hinted or entry.prefill_prediction is None
+            entry is None
+            or self.refine is None
+            or entry.hinted
+            or entry.looped
+            or entry.prefill_prediction is None
         )
+
+    def on_loop(self, req_id: str, max_tokens: float) -> None:
+        """``req_id``'s output repeats a cycle (:mod:`~vllm_ext.leap.loops`): it will
+        write all ``max_tokens``. An exact prediction from then on, like a hint."""
+        entry = self._entries.get(req_id)  # none: finished or never seen; nothing to keep
+        if entry is None or entry.hinted or entry.looped:
+            return
+        total = float(min(max_tokens, self.config.max_len))
+        entry.looped = True
+        self._set_prediction(req_id, entry, Prediction(math.log1p(total), 0.0, total))
+        self.counters.inc("loops")
+
+    def watches_loops(self, req_id: str) -> bool:
+        """Whether a loop check of ``req_id`` could still change anything."""
+        entry = self._entries.get(req_id)
+        return entry is not None and not (entry.hinted or entry.looped)
+
+    def is_exact(self, req_id: str) -> bool:
+        """Whether ``req_id``'s prediction is taken as exact (a client hint, a loop)."""
+        entry = self._entries.get(req_id)
+        return entry is not None and (entry.hinted or entry.looped)
 
     def _refine_features(self, req_id: str, generated: int, vector) -> np.ndarray:
         base = self._entries[req_id].prefill_prediction

@@ -15,6 +15,11 @@ queues, at a cost per *change*, not per queued request:
 
 Before each ``super().schedule()``:
 
+0. Loops: every ``loop_check_every`` output tokens, a running request's
+   output tail is checked for a repeated token cycle
+   (:mod:`~vllm_ext.leap.loops`); one that repeats (greedy, no repetition
+   penalties) is predicted exactly to run to its max_tokens. (With speculative
+   decoding a step can jump past a check; a later one may catch the loop.)
 1. SRPT admission: waiting requests beyond the free decode slots are paired,
    shortest expected remaining first (its prediction, or for a request not
    yet prefilled the prior, capped at its max_tokens), with the running
@@ -45,6 +50,7 @@ import math
 import time
 
 import numpy as np
+from vllm.sampling_params import SamplingType
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -53,6 +59,7 @@ from vllm.v1.request import RequestStatus
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap import running_order
 from vllm_ext.leap.connector import LeapConnector, leap_worker_meta
+from vllm_ext.leap.loops import loop_period
 from vllm_ext.leap.policy import LeapPolicy, RequestView
 from vllm_ext.leap.request_queue import LeapRequestQueue
 from vllm_ext.leap.running_order import RunningBatch
@@ -111,6 +118,9 @@ class LeapSchedulerMixin:
         self.waiting.now = now
         self._leap_update_waiting()
         running = self._leap_running_batch()
+        if self._leap_find_loops(running):  # new predictions: pick them up
+            self._leap_update_waiting()
+            running = self._leap_running_batch()
         if self._leap_lane_width and self.leap.informative:
             probes = self._leap_fill_slots(running, now)
             output = super().schedule(*args, **kwargs)
@@ -134,6 +144,27 @@ class LeapSchedulerMixin:
                 leap_worker_meta(kv_output, self.connector), is_live=self.requests.__contains__
             )
         return super().update_from_output(scheduler_output, model_runner_output, *args, **kwargs)
+
+    # --- repetition loops: a running request's output tail read every few tokens
+
+    def _leap_find_loops(self, batch: RunningBatch) -> bool:
+        """Tell the runtime which running requests repeat a token cycle (see ``loops``);
+        True if any was found."""
+        config, leap = self.leap.config, self.leap
+        if config.loops == "off" or not leap.active:
+            return False
+        generated, min_span = batch.generated_tokens, config.loop_min_span
+        # numpy over the batch: only the requests due a check cost Python
+        due = (generated % config.loop_check_every == 0) & (generated > min_span)
+        found = False
+        for row in np.flatnonzero(due).tolist():
+            request = self.running[row]
+            if not (leap.watches_loops(request.request_id) and _loop_prone(request, config.loops)):
+                continue
+            if loop_period(request.output_token_ids, config.loop_max_period, min_span):
+                leap.on_loop(request.request_id, request.max_tokens)
+                found = True
+        return found
 
     # --- the waiting queue: keyed once per request, re-keyed when its prediction changes
 
@@ -166,7 +197,7 @@ class LeapSchedulerMixin:
             generated_tokens=request.num_output_tokens,
             predicted_total=prediction.total_tokens if prediction else None,
             predicted_log_std=prediction.log_std if prediction else None,
-            error_log_std=self._leap_spread(hint),
+            error_log_std=self._leap_spread(request.request_id, hint),
             max_tokens=request.max_tokens,
         )
         policy = self.leap_policy
@@ -213,16 +244,19 @@ class LeapSchedulerMixin:
             request.num_prompt_tokens,
             prediction.total_tokens,
             prediction.log_std or 0.0,
-            self._leap_spread(hint),
+            self._leap_spread(request.request_id, hint),
             request.max_tokens,
         )
         # until the runtime reports a change of this prediction (take_changed)
         self._leap_columns[request.request_id] = row
         return row
 
-    def _leap_spread(self, hint) -> float:
-        """Error spread of a request's prediction: a client's length hint is exact."""
-        return 0.0 if hint is not None else self.leap.error_log_std
+    def _leap_spread(self, request_id: str, hint) -> float:
+        """Error spread of a request's prediction: a client's length hint, or the cap of
+        a request caught in a loop, is exact."""
+        if hint is not None or self.leap.is_exact(request_id):
+            return 0.0
+        return self.leap.error_log_std
 
     def _leap_order_running(self, batch: RunningBatch, now: float) -> None:
         """Serving order, the policy's preemption victim last (vLLM preempts ``running[-1]``)."""
@@ -319,6 +353,21 @@ def _hint(request):
     """The client's length hint (vLLM extra_args), if any."""
     extra = request.sampling_params.extra_args if request.sampling_params else None
     return extra.get(HINT_KEY) if extra else None
+
+
+def _loop_prone(request, mode: str) -> bool:
+    """Whether a token cycle in ``request``'s output persists: under greedy decoding
+    without repetition penalties (``loops="greedy"``), or always (``"all"``)."""
+    if mode == "all":
+        return True
+    params = request.sampling_params
+    return (
+        params is not None
+        and params.sampling_type == SamplingType.GREEDY
+        and params.repetition_penalty == 1.0
+        and not params.frequency_penalty
+        and not params.presence_penalty
+    )
 
 
 def _view(request, batch: RunningBatch, i: int) -> RequestView:
