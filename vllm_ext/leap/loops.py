@@ -2,22 +2,20 @@
 
 No vLLM types. A small model decoding greedily often falls into a cycle: the
 same few tokens over and over, with no end-of-sequence among them, until
-``max_tokens`` stops it (57 % of SmolLM2-135M's greedy answers to ShareGPT
+``max_tokens`` stops it (59 % of SmolLM2-135M's greedy answers to ShareGPT
 prompts at max_tokens 512). Once the output's tail has repeated one cycle long
 enough, greedy decoding almost always stays in it, so the request's remaining
 length is known: its cap less what it generated. The length head only sees the
 prompt; this reads the answer.
 
 :func:`loop_period` finds the shortest cycle that explains the tail; the
-scheduler asks every few tokens, for a bounded tail, so the cost per step is a
-few numpy calls per request due.
+scheduler asks every few tokens, for a bounded tail: about 3 µs per check on
+this CPU (a 288-token tail, with or without a loop).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
 
 
 def loop_period(tokens: Sequence[int], max_period: int, min_span: int) -> int | None:
@@ -26,8 +24,9 @@ def loop_period(tokens: Sequence[int], max_period: int, min_span: int) -> int | 
     The last ``span + p`` tokens must equal themselves shifted by ``p``, where
     ``span = max(min_span, p)``: the cycle seen at least twice in a row, over at
     least ``min_span + p`` tokens. (On SmolLM2-135M's greedy ShareGPT answers,
-    with 128 and 32: 86 % of the outputs that ran to max_tokens 512 were found,
-    at a median 168 tokens, and 2 of 234 that stopped before it.)
+    with 128 and 32, checked every 8 tokens: 278 of the 321 outputs that ran to
+    max_tokens 512 were found, at a median 176 tokens, and 2 of the 223 that
+    stopped before it.)
 
     Args:
         tokens: generated token ids so far (oldest first).
@@ -40,16 +39,21 @@ def loop_period(tokens: Sequence[int], max_period: int, min_span: int) -> int | 
     n = len(tokens)
     if n < min_span + 1:
         return None
-    tail = np.asarray(tokens[max(n - window, 0) :], dtype=np.int64)
+    # plain lists: list.index and slice equality run in C, cheaper than numpy at this size
+    tail = list(tokens[max(n - window, 0) :])
+    backwards, last, size = tail[::-1], tail[-1], len(tail)
     # a period p needs tail[-1] == tail[-1 - p]: only those p are worth checking
-    back = tail[-2 : -2 - min(max_period, len(tail) - 1) : -1]
-    for p in (np.flatnonzero(back == tail[-1]) + 1).tolist():
+    p = 0
+    while True:
+        try:
+            p = backwards.index(last, p + 1, max_period + 1)
+        except ValueError:
+            return None
         span = max(min_span, p)
-        if span + p > len(tail):
-            break  # longer periods need even more tokens
-        if np.array_equal(tail[-span:], tail[-span - p : -p]):
+        if span + p > size:
+            return None  # longer periods need even more tokens
+        if tail[size - span :] == tail[size - span - p : size - p]:
             return p
-    return None
 
 
 def first_loop(tokens: Sequence[int], max_period: int, min_span: int, every: int) -> int | None:
