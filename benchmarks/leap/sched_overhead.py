@@ -39,6 +39,7 @@ def variants(weights: str) -> dict[str, dict | None]:
         "vllm_fcfs": None,
         "leap_no_weights": {"max_wait_s": 600.0},  # plugin on, nothing to order by
         "leap": leap,
+        "leap_no_loops": {**leap, "loops": "off"},  # what reading outputs for loops costs
         "leap_rls_thread": {**leap, "rls_thread": True},
     }
 
