@@ -231,11 +231,12 @@ def loop_summary(onset: np.ndarray, lengths: np.ndarray, max_tokens: int) -> dic
     """How many outputs ran to the cap, how many of them were seen looping and when,
     and the loops found in outputs that then stopped before it (false alarms)."""
     found, capped = np.isfinite(onset), lengths >= max_tokens
+    hits = found & capped
     return {
         "outputs": int(len(lengths)),
         "capped": int(capped.sum()),
-        "capped_found_looping": int((found & capped).sum()),
-        "onset_median_tokens": float(np.median(onset[found & capped])) if found.any() else None,
+        "capped_found_looping": int(hits.sum()),
+        "onset_median_tokens": float(np.median(onset[hits])) if hits.any() else None,
         "false_alarms": int((found & ~capped).sum()),
     }
 
