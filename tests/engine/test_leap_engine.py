@@ -136,12 +136,8 @@ def test_shorter_arrival_preempts_longest_and_outputs_are_unchanged():
         for _ in range(6):
             finished += [o.request_id for o in engine_.step() if o.finished]
         engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(3, hint=3))
-        outputs = {}
-        while engine_.has_unfinished_requests():
-            for out in engine_.step():
-                if out.finished:
-                    finished.append(out.request_id)
-                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        outputs = run_to_completion(llm)  # finished outputs, in finishing order
+        finished += list(outputs)
         counters = leap_connector_of(llm).counters
     assert finished == ["short", "long"]
     assert counters.value("preemptions") == 1
@@ -158,7 +154,7 @@ def test_a_runner_past_its_prediction_is_parked_only_under_the_conditional_remai
     leap["loops"] = "off"
     with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=1)) as llm:
         solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(240))[0].outputs[0]
-        engine_, finished, outputs = llm.llm_engine, [], {}
+        engine_ = llm.llm_engine
         engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(240))
         engine_.step()
         (runner,) = scheduler_of(llm).running  # vLLM's own id for "long"
@@ -168,11 +164,8 @@ def test_a_runner_past_its_prediction_is_parked_only_under_the_conditional_remai
         while runner.num_output_tokens < predicted + 10:
             engine_.step()
         engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(3, hint=3))
-        while engine_.has_unfinished_requests():
-            for out in engine_.step():
-                if out.finished:
-                    finished.append(out.request_id)
-                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        outputs = run_to_completion(llm)  # finished outputs, in finishing order
+        finished = list(outputs)
     assert finished[0] == finished_first
     assert outputs["long"] == list(solo.token_ids)
 
@@ -184,17 +177,14 @@ def test_an_unprobed_arrival_counts_as_at_most_its_max_tokens(tmp_path, max_toke
         typical = leap_connector_of(llm).runtime.typical_tokens
         assert 60 < typical < 100  # the prior: longer than the runner's 54 left, below 100
         solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(60))[0].outputs[0]
-        engine_, finished, outputs = llm.llm_engine, [], {}
+        engine_ = llm.llm_engine
         engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(60, hint=60))
         for _ in range(6):
             engine_.step()
         # no hint, not prefilled yet: the prior, capped at what it may write
         engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(max_tokens))
-        while engine_.has_unfinished_requests():
-            for out in engine_.step():
-                if out.finished:
-                    finished.append(out.request_id)
-                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        outputs = run_to_completion(llm)  # finished outputs, in finishing order
+        finished = list(outputs)
         parks = leap_connector_of(llm).counters.value("preemptions")
     assert finished[0] == finished_first
     assert parks == (1 if finished_first == "short" else 0)
@@ -208,7 +198,7 @@ def test_a_runner_caught_in_a_loop_counts_as_running_to_its_cap(tmp_path, loops,
     leap = {"weights_path": str(weights), "loops": loops}
     with engine(MODEL, **leap_engine_kwargs(leap, max_num_seqs=1)) as llm:
         solo = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(300))[0].outputs[0]
-        engine_, finished, outputs = llm.llm_engine, [], {}
+        engine_ = llm.llm_engine
         engine_.add_request("long", {"prompt_token_ids": PROMPTS[2]}, _params(300))
         engine_.step()
         (runner,) = scheduler_of(llm).running
@@ -220,11 +210,8 @@ def test_a_runner_caught_in_a_loop_counts_as_running_to_its_cap(tmp_path, loops,
         # 170 - 48), fewer than its cap has (300 - 48)
         assert predicted == 300 if loops == "greedy" else 48 + 100 < predicted < 48 + 150
         engine_.add_request("short", {"prompt_token_ids": PROMPTS[3]}, _params(150, hint=150))
-        while engine_.has_unfinished_requests():
-            for out in engine_.step():
-                if out.finished:
-                    finished.append(out.request_id)
-                    outputs[out.request_id] = list(out.outputs[0].token_ids)
+        outputs = run_to_completion(llm)  # finished outputs, in finishing order
+        finished = list(outputs)
         counters = leap_connector_of(llm).counters
     assert finished[0] == finished_first
     assert counters.value("loops") == (2 if loops == "greedy" else 0)  # the solo run's too

@@ -324,8 +324,7 @@ class LeapRuntime:
 
     def watches_loops(self, req_id: str) -> bool:
         """Whether a loop check of ``req_id`` could still change anything."""
-        entry = self._entries.get(req_id)
-        return entry is not None and not (entry.hinted or entry.looped)
+        return req_id in self._entries and not self.is_exact(req_id)
 
     def is_exact(self, req_id: str) -> bool:
         """Whether ``req_id``'s prediction is taken as exact (a client hint, a loop)."""
