@@ -9,6 +9,11 @@ connector through MultiConnector.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -217,6 +222,29 @@ def test_a_runner_caught_in_a_loop_counts_as_running_to_its_cap(tmp_path, loops,
     assert counters.value("loops") == (2 if loops == "greedy" else 0)  # the solo run's too
     assert counters.value("preemptions") == (1 if loops == "greedy" else 0)
     assert outputs["long"] == list(solo.token_ids)
+
+
+def test_a_loop_is_caught_when_speculative_steps_jump_over_the_check_multiples():
+    # ngram drafts of 7 tokens on a repeating answer: once drafts are accepted each
+    # step writes 8 tokens from an odd count (34, 42, 50, ...), never a multiple of 8.
+    # Its own process: vLLM 0.32 fails to start any later engine in a process where
+    # the ngram proposer has imported numba (its kernel scan trips on llvmlite)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.engine.leap_speculative_run"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    counts = result["counts"]
+    assert result["predicted"] == 300
+    assert not result["still_due"]  # its check entry is dropped the step after it finishes
+    assert any(b - a > 1 for a, b in zip(counts, counts[1:], strict=False))  # drafts accepted
+    # found by the check at the start of the last step: the first one due, at the
+    # first count past the multiple of 8 after the 32-token span
+    assert counts[-3] < 40 <= counts[-2]
 
 
 def test_probe_lane_probes_the_queue_early_and_outputs_are_unchanged(tmp_path):

@@ -108,7 +108,10 @@ class LeapConfig:
         "least one whole cycle) before it counts as a loop (>= 1)",
     )
     loop_check_every: int = option(
-        8, doc="output tokens between two loop checks of a running request (>= 1)"
+        8,
+        doc="a running request's output is checked for a loop each time its length passes "
+        "a multiple of this (>= 1; a speculative step that writes several tokens cannot "
+        "skip a check)",
     )
     rls_thread: bool | None = option(
         None,

@@ -15,11 +15,11 @@ queues, at a cost per *change*, not per queued request:
 
 Before each ``super().schedule()``:
 
-0. Loops: every ``loop_check_every`` output tokens, a running request's
-   output tail is checked for a repeated token cycle
+0. Loops: each time a running request's output passes a multiple of
+   ``loop_check_every`` tokens, its tail is checked for a repeated token cycle
    (:mod:`~vllm_ext.leap.loops`); one that repeats (greedy, no repetition
-   penalties) is predicted exactly to run to its max_tokens. (With speculative
-   decoding a step can jump past a check; a later one may catch the loop.)
+   penalties) is predicted exactly to run to its max_tokens. A step that
+   writes several tokens (speculative decoding) cannot jump past a check.
 1. SRPT admission: waiting requests beyond the free decode slots are paired,
    shortest expected remaining first (its prediction, or for a request not
    yet prefilled the prior, capped at its max_tokens), with the running
@@ -103,6 +103,8 @@ class LeapSchedulerMixin:
         self._leap_keyed = False
         # running batch columns of requests with a prediction, until it changes
         self._leap_columns: dict[str, tuple[float, float, float, float]] = {}
+        # output length at which a running request's next loop check is due
+        self._leap_loop_due: dict[str, float] = {}
         # vLLM's waiting queue, kept in LEAP's order as requests come and go (empty here)
         self.waiting = LeapRequestQueue(self._leap_describe)
         # the lane needs a slot left for decoding
@@ -153,16 +155,24 @@ class LeapSchedulerMixin:
         config, leap = self.leap.config, self.leap
         if config.loops == "off" or not leap.active:
             return False
-        generated, min_span = batch.generated_tokens, config.loop_min_span
-        # numpy over the batch: only the requests due a check cost Python
-        due = (generated % config.loop_check_every == 0) & (generated > min_span)
+        every, min_span, due_at = config.loop_check_every, config.loop_min_span, self._leap_loop_due
+        first = (min_span // every + 1) * every  # the first multiple past the span
+        # numpy over the batch: only the requests due a check cost Python. Due once
+        # the output passes the next multiple, however many tokens the last step wrote.
+        next_check = [due_at.get(request.request_id, first) for request in self.running]
+        due = batch.generated_tokens >= np.array(next_check, dtype=np.float64)
         found = False
         for row in np.flatnonzero(due).tolist():
             request = self.running[row]
-            if not (leap.watches_loops(request.request_id) and _loop_prone(request, config.loops)):
+            request_id = request.request_id
+            if leap.is_exact(request_id) or not _loop_prone(request, config.loops):
+                due_at[request_id] = math.inf  # nothing a check could change, ever
+                continue
+            due_at[request_id] = (request.num_output_tokens // every + 1) * every
+            if not leap.watches_loops(request_id):
                 continue
             if loop_period(request.output_token_ids, config.loop_max_period, min_span):
-                leap.on_loop(request.request_id, request.max_tokens)
+                leap.on_loop(request_id, request.max_tokens)
                 found = True
         return found
 
@@ -178,6 +188,8 @@ class LeapSchedulerMixin:
         # vLLM's finished_req_ids: finished or aborted since the last step
         for request_id in (*changed, *self.finished_req_ids):
             self._leap_columns.pop(request_id, None)
+        for request_id in self.finished_req_ids:
+            self._leap_loop_due.pop(request_id, None)
         if (policy, keyed) != (self.leap_policy, self._leap_keyed):
             self.leap_policy, self._leap_keyed = policy, keyed
             self.waiting.rebuild(policy.config.max_wait_s if keyed else math.inf)
