@@ -131,6 +131,27 @@ def test_covariance_stays_symmetric_psd_and_capped_over_10k_updates():
     assert np.trace(model.P) <= model.max_trace * (1 + 1e-9)
 
 
+def test_blas_rank1_step_matches_numpy_and_keeps_p_symmetric_at_model_size(monkeypatch):
+    # SmolLM2's 576 channels + bias; the BLAS path must be the one taken here
+    rng = np.random.default_rng(6)
+    dim = 576
+    assert predictor._ger_keeps_symmetry(dim + 1)
+    X = rng.normal(size=(800, dim)) * rng.uniform(0.1, 10, size=dim)
+    lengths = rng.integers(1, 500, size=800).astype(float)
+    blas_model = LinearLengthModel.fit_ridge(X[:700], lengths[:700])
+    numpy_model = LinearLengthModel.fit_ridge(X[:700], lengths[:700])
+    for x, n in zip(X[700:], lengths[700:], strict=True):
+        blas_model.rls_update(x, n, forgetting=0.99)
+    monkeypatch.setattr(predictor, "_ger_keeps_symmetry", lambda n: False)
+    for x, n in zip(X[700:], lengths[700:], strict=True):
+        numpy_model.rls_update(x, n, forgetting=0.99)
+    blas_model.check_invariants()  # bitwise symmetric after 100 BLAS updates
+    numpy_model.check_invariants()
+    scale = np.abs(numpy_model.P).max()
+    np.testing.assert_allclose(blas_model.P, numpy_model.P, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(blas_model.w, numpy_model.w, rtol=0, atol=1e-10)
+
+
 def test_uncertainty_shrinks_as_updates_accumulate():
     rng = np.random.default_rng(5)
     X, lengths, _, _ = _data(rng, 2100, noise=0.3)

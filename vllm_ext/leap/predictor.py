@@ -12,12 +12,15 @@ symmetric; an update that would make the state non-finite is skipped whole.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import os
 import tempfile
 import zipfile
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg import blas
 
 from vllm_ext.common.log import get_logger
 
@@ -342,14 +345,40 @@ class LinearLengthModel:
 
 
 def _rls_step(w, P, p_phi, err, denom, forgetting):
-    """New (w [D+1], P [D+1, D+1]); the inputs are not modified."""
+    """New (w [D+1], P [D+1, D+1]); the inputs are not modified.
+
+    ``(P - p p^T / d) / lambda = P / lambda - q q^T`` with ``q = p / sqrt(d lambda)``:
+    one scaled copy and one rank-1 BLAS update, about 4x faster than numpy's outer
+    product and three passes over P (a pass over 577^2 doubles leaves the cache).
+    """
     w_new = w + p_phi * (err / denom)
-    # outer(v, v) is bitwise symmetric, so P stays exactly symmetric
-    P_new = np.outer(p_phi, p_phi)
-    P_new *= -1.0 / denom
-    P_new += P
-    P_new *= 1.0 / forgetting
+    q = p_phi * math.sqrt(1.0 / (denom * forgetting))
+    P_new = P * (1.0 / forgetting)
+    if _ger_keeps_symmetry(len(q)):
+        # P_new is symmetric: its transpose is the Fortran-ordered matrix dger updates
+        P_new = blas.dger(-1.0, q, q, a=P_new.T, overwrite_a=True).T
+    else:
+        P_new -= np.outer(q, q)  # q_i q_j == q_j q_i bitwise: stays symmetric
     return w_new, P_new
+
+
+@functools.lru_cache(maxsize=8)
+def _ger_keeps_symmetry(n: int) -> bool:
+    """Whether this BLAS's ``dger(-1, q, q)`` keeps an [n, n] matrix bitwise symmetric.
+
+    Entry (i, j) gets ``-q_j * q_i`` and (j, i) ``-q_i * q_j``: equal, unless the
+    kernel rounds its vector body and its tail differently (fused vs separate
+    multiply-add), which this one-off trial at the model's size would show.
+    """
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((n, n))
+    A = A + A.T
+    q = rng.standard_normal(n)
+    out = blas.dger(-1.0, q, q, a=A.T, overwrite_a=True).T
+    same = bool(np.array_equal(out, out.T))
+    if not same:
+        logger.info("LEAP RLS: BLAS rank-1 update is not symmetric at dim %d; using numpy", n)
+    return same
 
 
 def _as_matrix(X, name: str) -> np.ndarray:
