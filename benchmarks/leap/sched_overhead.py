@@ -82,6 +82,20 @@ def _timed(obj, name: str, sink: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
+def _timed_into_last(obj, name: str, sink: list[float]) -> None:
+    """Add each call's milliseconds to ``sink[-1]`` (the caller appends one slot per step)."""
+    original = getattr(obj, name)
+
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return original(*a, **kw)
+        finally:
+            sink[-1] += (time.perf_counter() - t0) * 1e3
+
+    setattr(obj, name, wrapper)
+
+
 def _timed_vllm(sink: dict[str, list[float]]):
     """Time vLLM's own ``Scheduler`` methods (what LEAP's overrides call through ``super()``)."""
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -104,8 +118,9 @@ def measure(leap: dict | None, requests, args) -> dict:
     """Median per-step milliseconds of one variant over ``args.steps`` measured steps.
 
     ``leap_own_ms``: per step, the scheduler's time less vLLM's own ``Scheduler``
-    methods inside it: what LEAP's code adds (0 for stock vLLM), free of the
-    run-to-run noise of vLLM's part.
+    methods inside it, plus LEAP's handling of finished requests that vLLM calls
+    from its own ``update_from_output`` (the RLS updates): what LEAP's code adds
+    (0 for stock vLLM), free of the run-to-run noise of vLLM's part.
     """
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
@@ -130,21 +145,29 @@ def _measure(leap, requests, args, vllm_ms: dict[str, list[float]]) -> dict:
     update_ms: list[float] = []
     _timed(scheduler, "schedule", sched_ms)
     _timed(scheduler, "update_from_output", update_ms)
+    # LEAP's RLS runs inside vLLM's update_from_output (vLLM frees a finished request
+    # through the connector): counted as LEAP's own time, per step
+    finish_ms: list[float] = []
+    runtime = getattr(scheduler, "leap", None)  # LEAP's runtime, on its schedulers
+    if runtime is not None:
+        _timed_into_last(runtime, "on_finished", finish_ms)
     for i, (prompt, n) in enumerate(requests):
         params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
         engine.add_request(f"r{i}", {"prompt_token_ids": prompt}, params)
     step_ms, finished = [], 0
     for step in tqdm(range(args.warmup + args.steps), desc="steps", leave=False):
+        finish_ms.append(0.0)
         t0 = time.perf_counter()
         finished += sum(o.finished for o in engine.step())
         if step >= args.warmup:
             step_ms.append((time.perf_counter() - t0) * 1e3)
-    runtime = getattr(scheduler, "leap", None)  # LEAP's runtime, on its schedulers
     if runtime is not None:
         runtime.drain()
     measured = slice(args.warmup, None)
     # one vLLM call inside each of the scheduler's: the lists align by step
     own = np.add(sched_ms, update_ms) - np.add(vllm_ms["schedule"], vllm_ms["update_from_output"])
+    if runtime is not None:
+        own += np.asarray(finish_ms)
     row = {
         "schedule_ms": statistics.median(sched_ms[measured]),
         "update_ms": statistics.median(update_ms[measured]),

@@ -307,3 +307,15 @@ def test_failed_save_keeps_the_old_file(tmp_path, monkeypatch):
         model.save(path)
     assert path.read_bytes() == original
     assert os.listdir(tmp_path) == ["w.npz"]
+
+
+def test_one_blas_thread_limits_numpy_and_scipy_blas_only():
+    from threadpoolctl import threadpool_info
+
+    ours = predictor.use_one_blas_thread()
+    assert ours  # numpy's and scipy's OpenBLAS are loaded here
+    assert predictor.use_one_blas_thread() == ours  # once per process
+    blas = {info["filepath"]: info["num_threads"] for info in threadpool_info()}
+    assert all(blas[path] == 1 for path in ours)
+    assert not predictor._ships_with_numpy_or_scipy("/site-packages/torch/lib/libopenblas.so")
+    assert predictor._ships_with_numpy_or_scipy("/site-packages/scipy.libs/libscipy_openblas.so")

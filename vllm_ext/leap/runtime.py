@@ -28,7 +28,7 @@ import numpy as np
 from vllm_ext.common.counters import Counters, CounterSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap.config import LeapConfig
-from vllm_ext.leap.predictor import LinearLengthModel, Prediction
+from vllm_ext.leap.predictor import LinearLengthModel, Prediction, use_one_blas_thread
 from vllm_ext.leap.refine import refine_features, refined_prediction, refined_predictions
 from vllm_ext.leap.remaining import expected_remaining
 
@@ -101,6 +101,7 @@ class LeapRuntime:
                 source or config.weights_path,
                 self.model.num_features,
             )
+            use_one_blas_thread()  # see there: BLAS threads only wait in an engine
         self.refine: LinearLengthModel | None = None
         if config.refine_weights_path and self.model is not None:
             source = _refine_checkpoint(config.checkpoint_path)

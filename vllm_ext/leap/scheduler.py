@@ -334,8 +334,11 @@ class LeapSchedulerMixin:
         """
         if not rows:
             return batch
-        for request in [self.running[i] for i in rows]:
-            self.running.remove(request)
+        gone = set(rows)
+        victims = [self.running[i] for i in rows]
+        # one pass, not a list.remove per victim (a scan of the whole batch each)
+        self.running[:] = [r for i, r in enumerate(self.running) if i not in gone]
+        for request in victims:
             self._preempt_request(request, now)
         self.leap.counters.inc("preemptions", len(rows))
         return batch.without(rows)
