@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ from tests.helpers import engine
 from vllm_ext.leap.runtime import HINT_KEY
 
 MODEL = "tiny-llama"
+REPO = Path(__file__).resolve().parents[2]
 PROMPTS = [list(range(100 + 7 * i, 100 + 7 * i + n)) for i, n in enumerate((40, 700, 90, 13))]
 
 
@@ -234,6 +236,7 @@ def test_a_loop_is_caught_when_speculative_steps_jump_over_the_check_multiples()
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=REPO,
         env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
     )
     assert run.returncode == 0, run.stderr[-4000:]
