@@ -16,9 +16,12 @@ steps carry no KV history, so their step time is a lower bound and the share
 of step time an upper bound. Timed with CUDA events, medians over repeats:
 forward without / with the hook (eager and replayed from a CUDA graph), the
 hook alone, ``collect`` (row gather + one device-to-host copy, which
-synchronises) and the scheduler side (``LeapRuntime``: one batched prediction
-of the step's prompts, the due refinements); LEAP's share of a step is
-(hook + collect + scheduler side) / forward. An RLS update (once per finished
+synchronises; and deferred, LEAP's default on CUDA since session 15: a
+non-blocking copy to pinned memory, delivered a step late) and the scheduler
+side (``LeapRuntime``: one batched prediction of the step's prompts, the due
+refinements); LEAP's share of a step is (hook + collect + scheduler side) /
+forward, with the synchronising collect (``leap_share_graph_pct``, the
+headline) and the deferred one. An RLS update (once per finished
 request, on a background thread off the step when the engine has an
 accelerator) is timed on its own.
 Correctness: after replaying the captured graph on new inputs (and, with
@@ -160,6 +163,12 @@ def measure_step(model, probe, layer, shape, runner, runtime, repeats) -> dict:
             collected["out"] = probe.collect()
 
         collect_ms = _wall_ms(collect, repeats)
+        # LEAP's default on CUDA: a non-blocking copy, the vectors delivered a step late
+        probe.deferred = True
+        try:
+            collect_deferred_ms = _wall_ms(probe.collect, repeats)
+        finally:
+            probe.deferred = False
     finally:
         handle.remove()
     prompt_vecs, decode_vecs = collected["out"]
@@ -184,6 +193,7 @@ def measure_step(model, probe, layer, shape, runner, runtime, repeats) -> dict:
         "step_probe_ms": probe_ms,
         "hook_ms": hook_ms,
         "collect_ms": collect_ms,
+        "collect_deferred_ms": collect_deferred_ms,
         "predict_ms": predict_ms,
         "predict_ms_per_vector": predict_ms / max(len(X), 1),
         "rls_update_ms": rls_ms,
@@ -197,6 +207,9 @@ def measure_step(model, probe, layer, shape, runner, runtime, repeats) -> dict:
             "graph_step_ms": graph_ms,
             "graph_step_probe_ms": graph_probe_ms,
             "leap_share_graph_pct": 100 * leap_ms / graph_ms,
+            "leap_share_graph_deferred_pct": 100
+            * (leap_ms - collect_ms + collect_deferred_ms)
+            / graph_ms,
         }
     return row
 

@@ -44,13 +44,18 @@ def _params(max_tokens=8, hint=None, ignore_eos=True):
     )
 
 
-def test_probe_equals_transformers_hidden_state_with_chunks_and_cache_hits():
-    leap = {"layer": 0, "return_probe": True}
+# next_step: the vectors reach the scheduler a step late, as on CUDA by default
+@pytest.mark.parametrize("delivery", ["same_step", "next_step"])
+def test_probe_equals_transformers_hidden_state_with_chunks_and_cache_hits(delivery):
+    leap = {"layer": 0, "return_probe": True, "probe_delivery": delivery}
     with engine(
         MODEL, **leap_engine_kwargs(leap, dtype="float32", max_num_batched_tokens=256)
     ) as llm:
         first = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], _params())
         again = llm.generate([{"prompt_token_ids": PROMPTS[1]}], _params())[0]
+        # a request that ends in its prefill step finishes before a late vector comes
+        one = llm.generate([{"prompt_token_ids": PROMPTS[2]}], _params(max_tokens=1))[0]
+    assert (one.kv_transfer_params["leap"]["probe"] is None) == (delivery == "next_step")
     assert again.num_cached_tokens > 0  # second run hit the prefix cache
     for prompt, out in zip(PROMPTS, first, strict=True):
         probe = np.asarray(out.kv_transfer_params["leap"]["probe"])

@@ -113,3 +113,13 @@ def test_resolve_layer_range():
         LeapConfig(layer=30).resolve_layer(30)
     with pytest.raises(ConfigError, match="num_layers"):
         LeapConfig().resolve_layer(0)
+
+
+def test_probes_are_delivered_a_step_late_on_cuda_unless_told_or_calibrating():
+    assert LeapConfig().probe_deferred(on_cuda=True)
+    assert not LeapConfig().probe_deferred(on_cuda=False)
+    assert not LeapConfig(return_probe=True).probe_deferred(on_cuda=True)
+    assert LeapConfig(probe_delivery="next_step").probe_deferred(on_cuda=False)
+    assert not LeapConfig(probe_delivery="same_step").probe_deferred(on_cuda=True)
+    with pytest.raises(ConfigError, match="probe_delivery"):
+        LeapConfig(probe_delivery="later")

@@ -119,6 +119,14 @@ class LeapConfig:
         "never waits for them; None = on when the engine runs on an accelerator, off on CPU "
         "(where the engine's threads already use every core)",
     )
+    probe_delivery: Literal["auto", "same_step", "next_step"] = option(
+        "auto",
+        doc="when the scheduler gets a step's probe vectors: same_step (the worker waits for "
+        "the forward to copy them to the host, one sync in each step that ends a prompt) or "
+        "next_step (a non-blocking copy, delivered with the next step: no sync, predictions "
+        "one step later, and a request that ends in its first step goes unpredicted and "
+        "unlearned); auto = next_step on CUDA unless return_probe, else same_step",
+    )
     return_probe: bool = option(
         False,
         doc="return each request's probe vector (and its refinement probes) in "
@@ -129,6 +137,7 @@ class LeapConfig:
         if self.layer is not None:
             _check_int(self, "layer", minimum=0)
         _check_choice(self, "pooling", ("last", "mean"))
+        _check_choice(self, "probe_delivery", ("auto", "same_step", "next_step"))
         _check_optional_str(self, "weights_path")
         _check_optional_str(self, "checkpoint_path")
         _check_optional_str(self, "refine_weights_path")
@@ -166,6 +175,13 @@ class LeapConfig:
     def rls_in_background(self, on_cpu: bool) -> bool:
         """Whether RLS runs on its own thread for an engine on the CPU (``on_cpu``) or not."""
         return (not on_cpu) if self.rls_thread is None else self.rls_thread
+
+    def probe_deferred(self, on_cuda: bool) -> bool:
+        """Whether the worker delivers probe vectors a step late (``probe_delivery``)."""
+        if self.probe_delivery == "auto":
+            # calibration (return_probe) wants every vector, even of one-token answers
+            return on_cuda and not self.return_probe
+        return self.probe_delivery == "next_step"
 
     @property
     def decode_probe_every(self) -> int:

@@ -1,8 +1,9 @@
-"""LeapConnector: carries probe vectors from the worker to the scheduler in the same step.
+"""LeapConnector: carries probe vectors from the worker to the scheduler with the step's output.
 
 Extends ``KVConnectorBase_V1`` + ``SupportsHMA`` (vLLM 0.32.0); it moves no KV.
 Worker side: after each forward, ``build_connector_worker_meta()`` returns the
-vectors the probe captured (:mod:`vllm_ext.leap.probe`). Scheduler side:
+vectors the probe captured (:mod:`vllm_ext.leap.probe`; on CUDA by default
+those of the step before, copied without a sync: ``probe_delivery``). Scheduler side:
 ``update_connector_output()`` hands them to :class:`~vllm_ext.leap.runtime.LeapRuntime`,
 which predicts; ``request_finished_all_groups()`` feeds the true length back
 (RLS) and returns ``{"leap": {...}}`` as the request's ``kv_transfer_params``.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from vllm.model_executor.model_loader import DefaultModelLoader
+from vllm.platforms import current_platform
 
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap.probe import ProbeState, decoder_layers, find_calling_runner
@@ -45,6 +46,7 @@ class LeapModelLoader(DefaultModelLoader):
             model_config.get_hidden_size(),
             vllm_config.scheduler_config.max_num_batched_tokens,
             refine_every=config.decode_probe_every,
+            deferred=config.probe_deferred(current_platform.is_cuda()),
         )
         probe.install(model, runner)
         PROBE = probe

@@ -15,6 +15,15 @@ re-sent) fall out of that mapping.
 With ``refine_every = k > 0`` :meth:`ProbeState.collect` also returns,
 every k output tokens, the same layer's state at the decoding token: the
 remaining-length refinement (TRAIL-style) reads it from the same buffer.
+
+Deferred delivery (``deferred=True``, LEAP's default on CUDA): vLLM asks for
+the worker metadata right after it launches the forward, before the logits and
+sampling. A blocking device-to-host copy there makes the host wait for the
+forward, so the sampling kernels launch late and, under async scheduling, the
+next step's scheduling no longer overlaps this step's compute. Deferred, the
+step's vectors go to a pinned host buffer with a non-blocking copy and an
+event, and the *next* call returns them: by then that copy has long finished
+(the device is already running the next forward), so nothing waits.
 """
 
 from __future__ import annotations
@@ -72,20 +81,32 @@ class ProbeState:
             prompt tokens this engine computed; cached prefix tokens are skipped).
         hidden_size: model hidden size.
         max_tokens: rows of the buffer (the step's token budget).
+        deferred: :meth:`collect` returns the previous step's vectors and copies
+            this step's without waiting for the device (see the module docstring).
     """
 
     def __init__(
-        self, layer: int, pooling: str, hidden_size: int, max_tokens: int, refine_every: int = 0
+        self,
+        layer: int,
+        pooling: str,
+        hidden_size: int,
+        max_tokens: int,
+        refine_every: int = 0,
+        deferred: bool = False,
     ):
         self.layer = layer
         self.refine_every = refine_every
         self.pooling = pooling
         self.hidden_size = hidden_size
         self.max_tokens = max_tokens
+        self.deferred = deferred
         self.buffer = torch.zeros(0, hidden_size)
         self.rows_written = 0
         self.runner: Any = None
         self._sums: dict[str, tuple[torch.Tensor, int]] = {}
+        # deferred delivery: the last step's rows on their way to the host
+        self._pending: _PendingCopy | None = None
+        self._staging: torch.Tensor | None = None  # pinned, grown on demand
 
     def hook(self, module, args, output) -> None:
         # vLLM decoder layers return (hidden_states, residual); the residual
@@ -120,7 +141,20 @@ class ProbeState:
         them). Multi-token steps past the prompt (a resumed request's
         recompute) give neither. Vectors are float32 numpy rows of one array:
         they leave the device in one copy, with no per-float Python conversion.
+        With ``deferred`` these are the previous call's step's vectors.
         """
+        step = self._gather()
+        if not self.deferred:
+            if step.rows is None:
+                return {}, {}
+            # one device -> host copy (one sync on an accelerator) for the whole step
+            return step.unpack(step.rows.float().cpu().numpy())
+        ready = self._pending.unpack() if self._pending is not None else ({}, {})
+        self._pending = self._start_copy(step) if step.rows is not None else None
+        return ready
+
+    def _gather(self) -> _StepRows:
+        """This step's probe rows on the device and whom they belong to."""
         batch = self.runner.input_batch
         n = batch.num_reqs
         # vectorised scan: a decode step of a large batch has no per-request Python work
@@ -135,29 +169,37 @@ class ProbeState:
         if self.refine_every:
             due = captured & (end - first == 1) & (generated > 0)
             due &= generated % self.refine_every == 0
-        prompt_ids, decode_ids, generated_at, rows = [], [], [], []
+        step = _StepRows()
+        rows = []
         for i in prefilling.tolist():
             upto = min(int(prompt[i]), int(computed[i] + end[i] - first[i]))
             req_id = batch.req_ids[i]
             vector = self._pool(req_id, int(first[i]), int(computed[i]), upto, int(prompt[i]))
             if vector is not None:
-                prompt_ids.append(req_id)
+                step.prompt_ids.append(req_id)
                 rows.append(vector)
         for i in np.flatnonzero(due).tolist():
-            decode_ids.append(batch.req_ids[i])
-            generated_at.append(int(generated[i]))
+            step.decode_ids.append(batch.req_ids[i])
+            step.generated_at.append(int(generated[i]))
             rows.append(self.buffer[int(first[i])])
-        if not rows:
-            return {}, {}
-        # one device -> host copy (one sync on an accelerator) for the whole step
-        host = torch.stack(rows).float().cpu().numpy()
-        decode_rows = host[len(prompt_ids) :]
-        prompt_vectors = dict(zip(prompt_ids, host, strict=False))
-        decode_vectors = {
-            req_id: (generated, vector)
-            for req_id, generated, vector in zip(decode_ids, generated_at, decode_rows, strict=True)
-        }
-        return prompt_vectors, decode_vectors
+        step.rows = torch.stack(rows) if rows else None
+        return step
+
+    def _start_copy(self, step: _StepRows) -> _PendingCopy:
+        """This step's rows to host memory without waiting for the device."""
+        rows = step.rows.float()
+        if rows.device.type != "cuda":  # no stream to overlap with: a plain copy
+            return _PendingCopy(step, rows.cpu().clone(), None)
+        n = rows.shape[0]
+        if self._staging is None or self._staging.shape[0] < n:
+            # pinned, so the copy is truly asynchronous; grown in powers of two
+            size = 1 << max(n - 1, 1).bit_length()
+            self._staging = torch.empty(size, rows.shape[1], dtype=torch.float32, pin_memory=True)
+        host = self._staging[:n]
+        host.copy_(rows, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _PendingCopy(step, host, event)
 
     def _pool(self, req_id: str, first_row: int, computed: int, upto: int, prompt: int):
         # prompt positions [computed, upto) sit at rows first_row + (pos - computed)
@@ -179,3 +221,38 @@ class ProbeState:
         """Drop partial mean-pooling sums of finished or aborted requests."""
         for req_id in req_ids:
             self._sums.pop(req_id, None)
+
+
+class _StepRows:
+    """One step's probe rows (stacked on the device) and the requests they belong to."""
+
+    def __init__(self):
+        self.prompt_ids: list[str] = []
+        self.decode_ids: list[str] = []
+        self.generated_at: list[int] = []
+        self.rows: torch.Tensor | None = None
+
+    def unpack(self, host: np.ndarray) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
+        """``(prompt_vectors, decode_vectors)`` from the rows copied to ``host``."""
+        decode_rows = host[len(self.prompt_ids) :]
+        prompt_vectors = dict(zip(self.prompt_ids, host, strict=False))
+        decode_vectors = {
+            req_id: (generated, vector)
+            for req_id, generated, vector in zip(
+                self.decode_ids, self.generated_at, decode_rows, strict=True
+            )
+        }
+        return prompt_vectors, decode_vectors
+
+
+class _PendingCopy:
+    """A step's rows on their way to host memory (``event`` marks the copy's end)."""
+
+    def __init__(self, step: _StepRows, host: torch.Tensor, event):
+        self.step, self.host, self.event = step, host, event
+
+    def unpack(self) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
+        if self.event is not None:
+            self.event.synchronize()  # enqueued a step ago: done by now, in practice
+        # own memory: the pinned staging buffer is reused by the next copy
+        return self.step.unpack(self.host.numpy().copy())
