@@ -33,6 +33,10 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
   remaining is the mean of the head's log-normal error given the tokens it has
   generated (and its max_tokens), so one that outlived its prediction no longer
   looks about to finish (hints, so the baselines and the oracle, stay exact);
+- ``leap_next_step``: ``leap`` with ``probe_delivery=next_step``, the default on
+  CUDA (the probe vectors reach the scheduler a step late, copied without a
+  sync): on CPU it costs no sync either way, so this measures only what the late
+  predictions cost the schedule;
 - ``oracle``: true lengths as hints (upper bound).
 
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
@@ -93,6 +97,7 @@ VARIANTS = (
     "leap_refine_margin0",
     "leap_cond",
     "leap_no_loops",
+    "leap_next_step",
     "oracle",
 )
 # the headline compares leap with the best baseline and with the oracle
@@ -208,6 +213,8 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
     leap_cond = {"leap": {**leap_online["leap"], "remaining": "conditional"}}
     # LEAP without reading its outputs for repetition loops (on by default)
     leap_no_loops = {"leap": {**leap_online["leap"], "loops": "off"}}
+    # predictions a step late, as on CUDA by default
+    leap_next_step = {"leap": {**leap_online["leap"], "probe_delivery": "next_step"}}
     return {
         "fcfs": {"launcher": "vllm", "args": []},
         "prompt_sf": {"plugins": True, "hints": hints["prompt_sf"], "config": aging},
@@ -222,6 +229,7 @@ def _variants(weights: Path, refine: Path, hints: dict[str, np.ndarray], args) -
         "leap_refine_margin0": {"plugins": True, "config": leap_refine_margin0},
         "leap_cond": {"plugins": True, "config": leap_cond},
         "leap_no_loops": {"plugins": True, "config": leap_no_loops},
+        "leap_next_step": {"plugins": True, "config": leap_next_step},
         "oracle": {"plugins": True, "hints": hints["oracle"], "config": aging},
     }
 
