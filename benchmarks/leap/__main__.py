@@ -75,7 +75,9 @@ from vllm_ext.bench import (
     write_result,
 )
 from vllm_ext.bench.loadgen import Request, poisson_arrivals
+from vllm_ext.common.config import config_block
 from vllm_ext.leap.calibrate import load_prompts
+from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
 from vllm_ext.leap.refine import fit_refine, refine_rows
@@ -276,7 +278,9 @@ def _serve(model: Path, spec: dict, log: Path, dtype: str) -> VllmServer:
         return VllmServer(str(model), args, launcher="vllm", log_path=log)
     args += ["--plugins", "leap"]
     if spec.get("config"):
-        args += ["--additional-config", json.dumps(spec["config"])]
+        # variants list LeapConfig fields; users write experimental ones nested
+        leap = config_block(LeapConfig, spec["config"]["leap"])
+        args += ["--additional-config", json.dumps({"leap": leap})]
     return VllmServer(str(model), args, launcher="vllm-ext", log_path=log)
 
 

@@ -82,4 +82,4 @@ def test_config_rejects_unknown_keys_and_bad_values():
         flide_config({"max_tokens": 3})
     with pytest.raises(ConfigError, match="max_labels must be >= 2"):
         flide_config({"max_labels": 1})
-    assert flide_config({}, environ={"VLLM_EXT_FLIDE_MAX_QUESTIONS": "7"}).max_questions == 7
+    assert flide_config({}, environ={"VLLMEXT_FLIDE_MAX_QUESTIONS": "7"}).max_questions == 7

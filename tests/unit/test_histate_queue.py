@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
 from vllm_ext.common.config import ConfigError
-from vllm_ext.histate.config import HiStateConfig, load_histate_config
+from vllm_ext.histate.config import (
+    HiStateConfig,
+    load_histate_config,
+    reject_connector_extra_config,
+)
 from vllm_ext.histate.policy import (
     BRANCH,
     DECODE_END,
@@ -23,10 +28,40 @@ from vllm_ext.histate.queue import EvictionQueue
 MB = 1 << 20
 
 
-def test_config_env_mapping_and_defaults():
-    cfg = load_histate_config({"time_weight": 2}, environ={"VLLM_EXT_HISTATE_POLICY": "marconi"})
+def test_config_env_block_and_defaults():
+    env = {"VLLMEXT_HISTATE_POLICY": "marconi"}
+    cfg = load_histate_config({"experimental": {"time_weight": 2}}, environ=env)
     assert cfg.policy == "marconi" and cfg.time_weight == 2.0
     assert load_histate_config(environ={}) == HiStateConfig()
+
+
+def test_public_keys_are_the_tiers_policy_and_fsync():
+    import dataclasses
+
+    from vllm_ext.common.config import is_experimental
+
+    public = {f.name for f in dataclasses.fields(HiStateConfig) if not is_experimental(f)}
+    assert public == {"host_bytes", "ssd_bytes", "directory", "policy", "fsync"}
+    with pytest.raises(ConfigError, match=r"'time_weight' .* is experimental"):
+        load_histate_config({"time_weight": 2}, environ={})
+
+
+def test_connector_extra_config_is_refused_with_where_the_keys_moved():
+    reject_connector_extra_config(None)
+    reject_connector_extra_config({})
+    extra = {"host_bytes": 1 << 20, "time_weight": 0.0}
+    with pytest.raises(ConfigError) as err:
+        reject_connector_extra_config(extra)
+    message = str(err.value)
+    assert "no longer reads kv_connector_extra_config" in message
+    moved = message.split("--additional-config '", 1)[1].rstrip("'")
+    # the message's replacement is a valid block with the same settings
+    assert json.loads(moved) == {
+        "histate": {"host_bytes": 1 << 20, "experimental": {"time_weight": 0.0}}
+    }
+    assert load_histate_config(json.loads(moved)["histate"], environ={}).time_weight == 0.0
+    with pytest.raises(ConfigError, match=r"got \['dir'\]"):
+        reject_connector_extra_config({"dir": "/tmp/x"})
 
 
 @pytest.mark.parametrize(
@@ -238,5 +273,6 @@ def test_config_is_frozen_and_documented():
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.time_weight = 3.0
     table = config_table(HiStateConfig, "histate")
+    table += config_table(HiStateConfig, "histate", experimental=True)
     for f in dataclasses.fields(HiStateConfig):
-        assert f.metadata["doc"] and f"`VLLM_EXT_HISTATE_{f.name.upper()}`" in table
+        assert f.metadata["doc"] and f"`VLLMEXT_HISTATE_{f.name.upper()}`" in table

@@ -1,4 +1,5 @@
-"""LeapConfig: defaults, env/mapping loading, every rule names its field, layer resolution."""
+"""LeapConfig: defaults, env/block loading, public/experimental keys, every rule names its field,
+layer resolution."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from vllm_ext.common.config import ConfigError, config_table
+from vllm_ext.common.config import ConfigError, config_table, is_experimental
 from vllm_ext.leap.config import LeapConfig, load_leap_config
 
 
@@ -19,19 +20,19 @@ def test_defaults_match_the_spec():
         None,
         "prompt_length",
     )
-    assert (cfg.forgetting, cfg.rls_init_scale, cfg.ridge_alpha) == (0.999, 1.0, 1.0)
+    assert cfg.forgetting == 0.999
     assert (cfg.max_wait_s, cfg.risk_k, cfg.prediction_timeout_s) == (30.0, 0.0, 1.0)
     assert (cfg.checkpoint_every, cfg.max_len, cfg.online_rls) == (64, 8192, True)
 
 
-def test_env_and_mapping():
+def test_env_and_block():
     env = {
-        "VLLM_EXT_LEAP_LAYER": "7",
-        "VLLM_EXT_LEAP_PRIOR": "fcfs",
-        "VLLM_EXT_LEAP_ONLINE_RLS": "false",
-        "VLLM_EXT_LEAP_FORGETTING": "0.99",
+        "VLLMEXT_LEAP_LAYER": "7",
+        "VLLMEXT_LEAP_PRIOR": "fcfs",
+        "VLLMEXT_LEAP_ONLINE_RLS": "false",
+        "VLLMEXT_LEAP_FORGETTING": "0.99",
     }
-    cfg = load_leap_config({"forgetting": 1}, environ=env)
+    cfg = load_leap_config({"experimental": {"forgetting": 1}}, environ=env)
     assert cfg.layer == 7 and cfg.prior == "fcfs" and cfg.online_rls is False
     assert cfg.forgetting == 1.0
 
@@ -39,6 +40,39 @@ def test_env_and_mapping():
 def test_unknown_key_is_an_error():
     with pytest.raises(ConfigError, match="'risk'"):
         load_leap_config({"risk": 1.0}, environ={})
+    with pytest.raises(ConfigError, match="'risk'.*did you mean 'risk_k'"):
+        load_leap_config({"experimental": {"risk": 1.0}}, environ={})
+
+
+# what a deployment sets (review 2026-12 item 8), plus the keys that must match the
+# calibrate CLI's options for the weights file (it records neither layer nor pooling)
+PUBLIC = {
+    "weights_path",
+    "checkpoint_path",
+    "max_wait_s",
+    "preempt",
+    "refine_weights_path",
+    "layer",
+    "pooling",
+    "refine_every",
+}
+
+
+def test_public_keys_are_the_user_settings_and_the_rest_is_experimental():
+    fields = dataclasses.fields(LeapConfig)
+    assert {f.name for f in fields if not is_experimental(f)} == PUBLIC
+    for f in fields:
+        value = getattr(LeapConfig(), f.name)
+        nested = {f.name: value} if f.name in PUBLIC else {"experimental": {f.name: value}}
+        assert load_leap_config(nested, environ={}) == LeapConfig()
+        wrong = {"experimental": {f.name: value}} if f.name in PUBLIC else {f.name: value}
+        with pytest.raises(ConfigError, match=f"'{f.name}'"):
+            load_leap_config(wrong, environ={})
+
+
+def test_calibration_constants_are_not_serving_settings():
+    names = {f.name for f in dataclasses.fields(LeapConfig)}
+    assert not {"ridge_alpha", "rls_init_scale"} & names
 
 
 @pytest.mark.parametrize(
@@ -53,13 +87,10 @@ def test_unknown_key_is_an_error():
         ("forgetting", 0.0),
         ("forgetting", 1.0001),
         ("forgetting", float("nan")),
-        ("rls_init_scale", 0.0),
-        ("ridge_alpha", -0.1),
         ("probe_slots", -1),
         ("refine_every", 0),
         ("refine_weights_path", ""),
         ("probe_slots", 1.5),
-        ("ridge_alpha", float("nan")),
         ("max_wait_s", 0.0),
         ("max_wait_s", float("inf")),
         ("risk_k", -1.0),
@@ -82,9 +113,9 @@ def test_config_is_frozen_and_documented():
     cfg = LeapConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.layer = 3
-    table = config_table(LeapConfig, "leap")
+    tables = config_table(LeapConfig, "leap") + config_table(LeapConfig, "leap", experimental=True)
     for f in dataclasses.fields(LeapConfig):
-        assert f.metadata["doc"] and f"`VLLM_EXT_LEAP_{f.name.upper()}`" in table
+        assert f.metadata["doc"] and tables.count(f"`VLLMEXT_LEAP_{f.name.upper()}`") == 1
 
 
 def test_decode_probes_are_sent_only_when_something_reads_them():
@@ -98,7 +129,7 @@ def test_rls_runs_in_the_background_on_accelerators_unless_told():
     assert not LeapConfig().rls_in_background(on_cpu=True)
     assert LeapConfig(rls_thread=True).rls_in_background(on_cpu=True)
     assert not LeapConfig(rls_thread=False).rls_in_background(on_cpu=False)
-    env = {"VLLM_EXT_LEAP_RLS_THREAD": "true"}
+    env = {"VLLMEXT_LEAP_RLS_THREAD": "true"}
     assert load_leap_config(environ=env).rls_thread is True
 
 

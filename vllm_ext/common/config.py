@@ -1,29 +1,45 @@
 """Frozen, validated configuration for every vllm_ext system.
 
-Each system declares one ``@dataclass(frozen=True)`` whose fields carry a
-``doc`` in their metadata (use :func:`option`). :func:`load_config` builds it
-from, in order of precedence:
+Each system declares one ``@dataclass(frozen=True)`` whose fields are made by
+:func:`option`: a default, a ``doc`` (shown in config tables and errors) and
+whether the field is ``experimental`` (an ablation switch or a calibrated
+constant rather than a setting a user needs). Users write a system's settings
+as its block of vLLM's ``--additional-config``, public keys at the top and
+experimental ones only inside ``"experimental"``::
 
-1. an explicit mapping (``kv_connector_extra_config``, ``--additional-config``);
-2. environment variables ``VLLM_EXT_<SYSTEM>_<FIELD>``;
+    {"leap": {"weights_path": "w.npz", "experimental": {"risk_k": 1.0}}}
+
+:func:`load_config` builds the dataclass from, in order of precedence:
+
+1. that block;
+2. environment variables ``VLLMEXT_<SYSTEM>_<FIELD>`` (any field, no nesting);
 3. the field defaults.
 
-Unknown keys, in the mapping or in the environment, are errors naming the key
-and the allowed ones: a typo must never silently fall back to a default.
+Unknown keys, in the block or the environment, and keys on the wrong side of
+``"experimental"`` are errors naming the key and the valid ones: a typo must
+never silently fall back to a default. The retired prefix ``VLLM_EXT_`` is an
+error naming the new variable (vLLM 0.34 refuses unknown ``VLLM_*`` variables).
+
+Plain dataclasses, not pydantic: algorithm modules build these directly, and
+``vllm-ext serve`` validates them before vLLM starts, where a millisecond
+check with one-line errors matters more than a schema library.
 Algorithm modules import this file, so it never imports vLLM.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-ENV_PREFIX = "VLLM_EXT_"
+ENV_PREFIX = "VLLMEXT_"
+OLD_ENV_PREFIX = "VLLM_EXT_"
+EXPERIMENTAL = "experimental"
 
 T = TypeVar("T")
 
@@ -32,15 +48,22 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names it."""
 
 
-def option(default: Any = dataclasses.MISSING, *, doc: str, **kwargs: Any) -> Any:
-    """A dataclass field with its documentation (shown in config tables and errors)."""
+def option(
+    default: Any = dataclasses.MISSING, *, doc: str, experimental: bool = False, **kwargs: Any
+) -> Any:
+    """A dataclass field with its documentation; ``experimental`` fields nest in the block."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple or default_factory for mutable defaults")
-    return dataclasses.field(default=default, metadata={"doc": doc}, **kwargs)
+    metadata = {"doc": doc, "experimental": experimental}
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def is_experimental(f: dataclasses.Field) -> bool:
+    return bool(f.metadata.get("experimental", False))
 
 
 def env_var_name(system: str, field_name: str) -> str:
-    """``("leap", "layer")`` → ``"VLLM_EXT_LEAP_LAYER"``."""
+    """``("leap", "layer")`` → ``"VLLMEXT_LEAP_LAYER"``."""
     return f"{ENV_PREFIX}{system.upper()}_{field_name.upper()}"
 
 
@@ -50,12 +73,13 @@ def load_config(
     mapping: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> T:
-    """Build ``cls`` from ``mapping``, then env vars, then defaults.
+    """Build ``cls`` from the system's block, then env vars, then defaults.
 
     Args:
         cls: a frozen dataclass type.
-        system: short system name; selects the ``VLLM_EXT_<SYSTEM>_`` env vars.
-        mapping: explicit settings; keys must be field names.
+        system: short system name; selects the ``VLLMEXT_<SYSTEM>_`` env vars.
+        mapping: the system's block: public field names, plus experimental
+            ones inside ``mapping["experimental"]``.
         environ: environment to read. Default: ``os.environ``.
 
     Returns:
@@ -63,17 +87,82 @@ def load_config(
     """
     _require_frozen_dataclass(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    mapping = dict(mapping or {})
-    _reject_unknown(cls.__name__, mapping.keys(), fields, "key")
-    env_values = _read_env(cls.__name__, system, fields, os.environ if environ is None else environ)
+    given = flatten_block(cls, system, mapping)
+    env_values = _read_env(system, fields, os.environ if environ is None else environ)
     hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for name, value in {**env_values, **mapping}.items():
-        values[name] = coerce(value, hints[name], f"{cls.__name__}.{name}")
+    values = {
+        name: coerce(value, hints[name], f"{cls.__name__}.{name}")
+        for name, value in {**env_values, **given}.items()
+    }
     try:
         return cls(**values)
     except TypeError as exc:
         raise ConfigError(f"{cls.__name__}: {exc}") from exc
+
+
+def flatten_block(cls: type, system: str, block: Any) -> dict[str, Any]:
+    """A system's block → ``{field: value}``, checking every key and its nesting."""
+    where = f'additional_config["{system}"]'
+    block = _require_mapping(block or {}, where)
+    public = {f.name for f in dataclasses.fields(cls) if f.init and not is_experimental(f)}
+    hidden = {f.name for f in dataclasses.fields(cls) if f.init and is_experimental(f)}
+    top = dict(block)
+    nested = _require_mapping(top.pop(EXPERIMENTAL, None) or {}, f'{where}["{EXPERIMENTAL}"]')
+    if moved := sorted(set(top) & hidden):
+        raise ConfigError(
+            f"{_names(moved)} in {where} is experimental: write it inside "
+            f'{where}["{EXPERIMENTAL}"] (public keys: {_names(public)})'
+        )
+    if moved := sorted(set(nested) & public):
+        raise ConfigError(
+            f'{_names(moved)} in {where}["{EXPERIMENTAL}"] is a public key: write it '
+            f"directly in {where}"
+        )
+    valid = sorted(public) + ([EXPERIMENTAL] if hidden else [])
+    _reject_unknown(top, valid, f"key {{}} in {where}")
+    _reject_unknown(nested, sorted(hidden), f'experimental key {{}} in {where}["{EXPERIMENTAL}"]')
+    return {**top, **nested}
+
+
+def config_block(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``{field: value}`` → the system's block, experimental fields nested (the reverse)."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    _reject_unknown(values, sorted(fields), f"field {{}} of {cls.__name__}")
+    block = {k: v for k, v in values.items() if not is_experimental(fields[k])}
+    nested = {k: v for k, v in values.items() if is_experimental(fields[k])}
+    return {**block, EXPERIMENTAL: nested} if nested else block
+
+
+def reject_old_env(environ: Mapping[str, str], prefix: str = OLD_ENV_PREFIX) -> None:
+    """Raise naming the new name of every ``VLLM_EXT_*`` variable (starting with ``prefix``)."""
+    old = sorted(key for key in environ if key.startswith(prefix))
+    if old:
+        renames = ", ".join(f"{key} -> {renamed_env(key)}" for key in old)
+        raise ConfigError(
+            f"vllm_ext no longer reads {_names(old)}: rename {renames} "
+            "(vLLM >= 0.34 refuses unknown VLLM_* variables)"
+        )
+
+
+def renamed_env(old: str) -> str:
+    """``VLLM_EXT_LEAP_LAYER`` → ``VLLMEXT_LEAP_LAYER``."""
+    return ENV_PREFIX + old.removeprefix(OLD_ENV_PREFIX)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for a close match, else ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(map(repr, sorted(names))) or "(none)"
+
+
+def _require_mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a JSON object, got {value!r}")
+    return value
 
 
 def _require_frozen_dataclass(cls: type) -> None:
@@ -81,25 +170,25 @@ def _require_frozen_dataclass(cls: type) -> None:
         raise TypeError(f"{cls.__name__} must be a frozen dataclass")
 
 
-def _reject_unknown(owner: str, keys: typing.Iterable[str], fields: Mapping[str, Any], what: str):
-    unknown = sorted(set(keys) - set(fields))
+def _reject_unknown(keys: Iterable[str], valid: list[str], what: str) -> None:
+    unknown = sorted(set(keys) - set(valid))
     if unknown:
-        allowed = ", ".join(sorted(fields)) or "(none)"
+        hint = did_you_mean(unknown[0], valid) if len(unknown) == 1 else ""
         raise ConfigError(
-            f"unknown {what} {', '.join(map(repr, unknown))} for {owner}; allowed: {allowed}"
+            f"unknown {what.format(_names(unknown))}{hint}; valid: {', '.join(valid) or '(none)'}"
         )
 
 
-def _read_env(owner: str, system: str, fields: Mapping[str, Any], environ: Mapping[str, str]):
+def _read_env(system: str, fields: Mapping[str, Any], environ: Mapping[str, str]):
+    reject_old_env(environ, f"{OLD_ENV_PREFIX}{system.upper()}_")
     prefix = f"{ENV_PREFIX}{system.upper()}_"
     found = {
         key[len(prefix) :].lower(): val for key, val in environ.items() if key.startswith(prefix)
     }
-    unknown = sorted(set(found) - set(fields))
-    if unknown:
-        names = ", ".join(prefix + name.upper() for name in unknown)
-        allowed = ", ".join(env_var_name(system, name) for name in sorted(fields))
-        raise ConfigError(f"unknown environment variable {names} for {owner}; allowed: {allowed}")
+    allowed = [env_var_name(system, name) for name in sorted(fields)]
+    _reject_unknown(
+        [env_var_name(system, name) for name in found], allowed, "environment variable {}"
+    )
     return {name: _EnvText(text) for name, text in found.items()}
 
 
@@ -138,15 +227,12 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
         raise ConfigError(f"{where} must be a boolean, got {value!r}")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if isinstance(hint, type) and not (
-        isinstance(value, hint) and not _is_bool_for_number(value, hint)
+    # bool is an int subclass; True as a count is a typo, not a value
+    if isinstance(hint, type) and (
+        not isinstance(value, hint) or (isinstance(value, bool) and hint in (int, float))
     ):
         raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}")
     return value
-
-
-def _is_bool_for_number(value: Any, hint: type) -> bool:
-    return isinstance(value, bool) and hint in (int, float)
 
 
 def _coerce_union(value: Any, options: tuple[Any, ...], where: str) -> Any:
@@ -172,15 +258,15 @@ def _coerce_tuple(value: Any, args: tuple[Any, ...], where: str) -> tuple[Any, .
     return tuple(coerce(item, item_hint, f"{where}[{i}]") for i, item in enumerate(value))
 
 
-def config_table(cls: type, system: str) -> str:
-    """Markdown table of ``cls``'s fields: key, type, default, env var, meaning."""
+def config_table(cls: type, system: str, experimental: bool = False) -> str:
+    """Markdown table of ``cls``'s public (or experimental) fields: key, type, default, env var,
+    meaning."""
     hints = typing.get_type_hints(cls)
     rows = ["| Key | Type | Default | Env var | Meaning |", "|---|---|---|---|---|"]
     for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            default = repr(f.default)
-        else:
-            default = "required"
+        if is_experimental(f) != experimental:
+            continue
+        default = repr(f.default) if f.default is not dataclasses.MISSING else "required"
         hint = hints[f.name]
         # a Literal's __name__ is just "Literal": show its choices
         named = typing.get_origin(hint) is not typing.Literal

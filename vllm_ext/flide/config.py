@@ -1,6 +1,8 @@
 """Flide configuration: one frozen dataclass, ``load_config(FlideConfig, "flide", ...)``.
 
-Every field can also be set as ``VLLM_EXT_FLIDE_<FIELD>``.
+Users set it as ``--additional-config '{"flide": {...}}'``; every field is
+public (Flide has no experimental keys) and can also be set as
+``VLLMEXT_FLIDE_<FIELD>``.
 """
 
 from __future__ import annotations

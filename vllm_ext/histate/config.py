@@ -1,9 +1,13 @@
 """HiState configuration: one frozen dataclass, built by ``load_histate_config(...)``.
 
-Every field can also be set as ``VLLM_EXT_HISTATE_<FIELD>``; precedence is
-mapping (``kv_connector_extra_config``) > environment > default. Values are
-checked in ``__post_init__``, so a directly constructed ``HiStateConfig`` is
-held to the same rules as a loaded one.
+Users set it as ``--additional-config '{"histate": {...}}'`` (the tiers' sizes,
+the SSD folder, the policy, fsync; the cost model's constants and ablation
+switches inside ``"experimental"``), read in the scheduler and the worker
+alike; ``kv_connector_extra_config`` is no longer read (an error says where a
+key moved). Every field can also be set as ``VLLMEXT_HISTATE_<FIELD>``;
+precedence is the block > environment > default. Values are checked in
+``__post_init__``, so a directly constructed ``HiStateConfig`` is held to the
+same rules as a loaded one.
 
 Time and tokens on one scale (our design choice; the paper does not publish
 its normalisation): an item's value is the seconds a future hit loses if it
@@ -22,12 +26,13 @@ than a tuning knob.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from vllm_ext.common.config import ConfigError, load_config, option
+from vllm_ext.common.config import ConfigError, config_block, load_config, option
 
 SYSTEM = "histate"
 POLICIES = ("lru", "marconi", "histate")
@@ -38,44 +43,59 @@ GIB = 1 << 30
 class HiStateConfig:
     """Settings of the HiState tiers, eviction queue and snapshot admission."""
 
-    policy: Literal["lru", "marconi", "histate"] = option(
-        "histate", doc="eviction/admission policy of the host and SSD tiers"
-    )
     host_bytes: int = option(32 * GIB, doc="host-memory tier capacity, KV + snapshots (>= 0)")
     ssd_bytes: int = option(256 * GIB, doc="SSD tier capacity, snapshots only (>= 0)")
     directory: str | None = option(
         None, doc="SSD tier folder (created if missing); None = no SSD tier"
     )
+    policy: Literal["lru", "marconi", "histate"] = option(
+        "histate",
+        doc="eviction/admission policy of the host and SSD tiers (lru and marconi: baselines)",
+    )
+    fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
     time_weight: float = option(
         1.0,
+        experimental=True,
         doc="w: weight of the loss (seconds per MiB) against the recency clock; 0 = LRU, "
         "every w > 0 gives the same order (>= 0)",
     )
     prefill_s_per_token: float = option(
-        4.0e-5, doc="calibrated prefill seconds per token (linear part, > 0)"
+        4.0e-5, experimental=True, doc="calibrated prefill seconds per token (linear part, > 0)"
     )
     prefill_s_per_token2: float = option(
-        2.6e-10, doc="quadratic attention term: seconds per token per context token (>= 0)"
+        2.6e-10,
+        experimental=True,
+        doc="quadratic attention term: seconds per token per context token (>= 0)",
     )
     ssd_read_bytes_per_s: float = option(
-        6.5e9, doc="SSD read bandwidth, prices a snapshot spilled from host memory (> 0)"
+        6.5e9,
+        experimental=True,
+        doc="SSD read bandwidth, prices a snapshot spilled from host memory (> 0)",
     )
     ssd_read_latency_s: float = option(
-        1.0e-4, doc="SSD read latency per snapshot, prices a spilled snapshot (>= 0)"
+        1.0e-4,
+        experimental=True,
+        doc="SSD read latency per snapshot, prices a spilled snapshot (>= 0)",
     )
     marconi_alpha: float = option(
-        1.0, doc="Marconi: weight of normalised FLOP efficiency against recency (>= 0)"
+        1.0,
+        experimental=True,
+        doc="Marconi: weight of normalised FLOP efficiency against recency (>= 0)",
     )
     snapshot_interval_blocks: int = option(
-        8, doc="histate/lru: keep a snapshot every N blocks of a prefix (>= 1)"
+        8, experimental=True, doc="histate/lru: keep a snapshot every N blocks of a prefix (>= 1)"
     )
     evict_slack: float = option(
-        0.02, doc="when a tier is full, evict down to (1 - slack) x capacity, in [0, 0.5]"
+        0.02,
+        experimental=True,
+        doc="when a tier is full, evict down to (1 - slack) x capacity, in [0, 0.5]",
     )
-    spill_to_ssd: bool = option(True, doc="snapshots evicted from host memory go to the SSD")
-    fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
+    spill_to_ssd: bool = option(
+        True, experimental=True, doc="snapshots evicted from host memory go to the SSD"
+    )
     release_device_snapshots: bool = option(
         True,
+        experimental=True,
         doc="drop a snapshot's device copy when its block is freed and HiState holds it "
         "(device memory stays for KV; a later hit loads it from host/SSD)",
     )
@@ -125,8 +145,21 @@ class HiStateConfig:
 def load_histate_config(
     mapping: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
 ) -> HiStateConfig:
-    """``load_config(HiStateConfig, "histate", mapping, environ)``: mapping > env > defaults."""
+    """``load_config(HiStateConfig, "histate", mapping, environ)``: block > env > defaults."""
     return load_config(HiStateConfig, SYSTEM, mapping, environ)
+
+
+def reject_connector_extra_config(extra: Mapping[str, Any] | None) -> None:
+    """HiState reads nothing from ``kv_connector_extra_config``: say where its keys moved."""
+    if not extra:
+        return
+    known = {f.name for f in fields(HiStateConfig)}
+    moved = {key: value for key, value in extra.items() if key in known}
+    block = config_block(HiStateConfig, moved) if moved else {"...": "..."}
+    raise ConfigError(
+        f"HiStateConnector no longer reads kv_connector_extra_config (got {sorted(extra)}): "
+        f"HiState settings moved to --additional-config '{json.dumps({SYSTEM: block})}'"
+    )
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

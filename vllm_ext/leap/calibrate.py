@@ -10,6 +10,7 @@ regression on log(1 + length) and writes the weights file that
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_ext.leap.config import LeapConfig
+from vllm_ext.common.config import config_block
+from vllm_ext.leap.config import SYSTEM, LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
 from vllm_ext.leap.refine import fit_refine
@@ -52,7 +54,11 @@ def load_prompts(name: str, n: int, seed: int, offset: int = 0) -> list[str]:
 
 
 def engine_kwargs(leap: dict, *, kv_cache_bytes: int = 512 << 20) -> dict:
-    """``vllm.LLM`` arguments that enable LEAP (probe loader, connector, scheduler)."""
+    """``vllm.LLM`` arguments that enable LEAP (probe loader, connector, scheduler).
+
+    ``leap``: LeapConfig values by field name; experimental ones are nested under
+    ``"experimental"`` here, as a user writes them in ``--additional-config``.
+    """
     return dict(
         load_format="leap",
         scheduler_cls="vllm_ext.leap.scheduler.make_scheduler",
@@ -61,7 +67,7 @@ def engine_kwargs(leap: dict, *, kv_cache_bytes: int = 512 << 20) -> dict:
             "kv_role": "kv_both",
             "kv_connector_module_path": "vllm_ext.leap.connector",
         },
-        additional_config={"leap": leap},
+        additional_config={SYSTEM: config_block(LeapConfig, leap)},
         enforce_eager=True,
         kv_cache_memory_bytes=kv_cache_bytes,
         max_model_len=4096,
@@ -139,21 +145,30 @@ def padded_tokens(outputs: list, max_tokens: int) -> np.ndarray:
     return table
 
 
-def fit(X: np.ndarray, y: np.ndarray, config: LeapConfig, holdout: float, seed: int):
+@dataclass(frozen=True)
+class FitOptions:
+    """Constants of the calibration fit (calibrate CLI options, not serving settings).
+
+    ``ridge_alpha``: ridge penalty (>= 0); ``rls_init_scale``: scale of the RLS
+    covariance stored with the weights, where online correction starts (> 0).
+    """
+
+    ridge_alpha: float = 1.0
+    rls_init_scale: float = 1.0
+
+
+def fit(X: np.ndarray, y: np.ndarray, config: LeapConfig, fit_options: FitOptions, holdout, seed):
     """Ridge on a train split, quality on the held-out split, then refit on all data."""
     order = np.random.default_rng(seed).permutation(len(y))
     n_test = int(len(y) * holdout)
     test, train = order[:n_test], order[n_test:]
-    model = LinearLengthModel.fit_ridge(
-        X[train], y[train], alpha=config.ridge_alpha, init_scale=config.rls_init_scale
-    )
+    alpha, scale = fit_options.ridge_alpha, fit_options.rls_init_scale
+    model = LinearLengthModel.fit_ridge(X[train], y[train], alpha=alpha, init_scale=scale)
     quality = {}
     if n_test:
         pred = model.predict_batch(X[test], max_len=config.max_len).total_tokens
         quality = summarize_predictions(pred, y[test])
-    final = LinearLengthModel.fit_ridge(
-        X, y, alpha=config.ridge_alpha, init_scale=config.rls_init_scale
-    )
+    final = LinearLengthModel.fit_ridge(X, y, alpha=alpha, init_scale=scale)
     return final, quality
 
 
@@ -167,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--pooling", default="last", choices=("last", "mean"))
-    parser.add_argument("--ridge-alpha", type=float, default=1.0)
+    parser.add_argument("--ridge-alpha", type=float, default=1.0, help="ridge penalty (>= 0)")
+    parser.add_argument(
+        "--rls-init-scale",
+        type=float,
+        default=1.0,
+        help="scale of the RLS covariance saved with the weights, where online correction "
+        "starts (> 0)",
+    )
     parser.add_argument("--holdout", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -183,15 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.refine_every < 0:
         parser.error(f"--refine-every must be >= 0, got {args.refine_every}")
+    if not args.ridge_alpha >= 0:
+        parser.error(f"--ridge-alpha must be >= 0, got {args.ridge_alpha}")
+    if not 0 < args.rls_init_scale < float("inf"):
+        parser.error(f"--rls-init-scale must be > 0, got {args.rls_init_scale}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    leap = {"layer": args.layer, "pooling": args.pooling, "ridge_alpha": args.ridge_alpha}
+    leap = {"layer": args.layer, "pooling": args.pooling}
     if args.refine_every:
         leap["refine_every"] = args.refine_every
     config = LeapConfig(**leap)
+    fit_options = FitOptions(args.ridge_alpha, args.rls_init_scale)
     prompts = load_prompts(args.prompts, args.num_prompts, args.seed)
     rec = record(args.model, prompts, leap, args.max_tokens, args.temperature)
     X, y = rec.X, rec.y
-    model, quality = fit(X, y, config, args.holdout, args.seed)
+    model, quality = fit(X, y, config, fit_options, args.holdout, args.seed)
     model.save(args.out)
     report = {
         "prompts": args.prompts,
@@ -199,18 +226,19 @@ def main(argv: list[str] | None = None) -> int:
         "features": int(X.shape[1]),
         "layer": args.layer,
         "pooling": args.pooling,
+        **dataclasses.asdict(fit_options),
         "max_tokens": args.max_tokens,
         "median_length": float(np.median(y)),
         "holdout": quality,
     }
     if args.refine_every:
-        report["refine"] = _fit_and_save_refine(rec, config, args)
+        report["refine"] = _fit_and_save_refine(rec, fit_options, args)
     Path(args.out).with_suffix(".json").write_text(json.dumps(report, indent=2))
     sys.stdout.write(json.dumps(report) + "\n")
     return 0
 
 
-def _fit_and_save_refine(rec: Recording, config: LeapConfig, args) -> dict:
+def _fit_and_save_refine(rec: Recording, fit_options: FitOptions, args) -> dict:
     """Fit the refinement head on the recording's decode probes, write it, report it."""
     if len(rec.decode_generated) < 2:
         raise RuntimeError(
@@ -223,8 +251,8 @@ def _fit_and_save_refine(rec: Recording, config: LeapConfig, args) -> dict:
         rec.decode_X,
         rec.decode_generated,
         rec.decode_request,
-        prefill_alpha=config.ridge_alpha,
-        init_scale=config.rls_init_scale,
+        prefill_alpha=fit_options.ridge_alpha,
+        init_scale=fit_options.rls_init_scale,
         seed=args.seed,
     )
     out = args.refine_out or str(Path(args.out).with_suffix(".refine.npz"))

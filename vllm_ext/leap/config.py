@@ -1,8 +1,13 @@
 """LEAP configuration: one frozen dataclass, built by ``load_config(LeapConfig, "leap", ...)``.
 
-Every field can also be set as ``VLLM_EXT_LEAP_<FIELD>``. Values are checked
-in ``__post_init__`` so that a directly constructed ``LeapConfig`` is held to
-the same rules as one built by :func:`~vllm_ext.common.config.load_config`.
+Users set it as ``--additional-config '{"leap": {...}}'``: the keys a deployment
+needs (the weights, the checkpoint, the aging bound, preemption, refinement) at
+the top, ablation switches and tuning constants inside ``"experimental"``.
+Every field can also be set as ``VLLMEXT_LEAP_<FIELD>``. Values are checked in
+``__post_init__`` so that a directly constructed ``LeapConfig`` is held to the
+same rules as one built by :func:`~vllm_ext.common.config.load_config`. The
+calibration fit's own constants (ridge penalty, initial RLS covariance) are
+options of the calibrate CLI, not serving settings.
 """
 
 from __future__ import annotations
@@ -21,71 +26,30 @@ SYSTEM = "leap"
 class LeapConfig:
     """Settings of the LEAP scheduler, predictor and online correction."""
 
-    layer: int | None = option(
-        None, doc="decoder layer whose output is probed (0-based); None = num_layers // 2"
-    )
-    pooling: Literal["last", "mean"] = option(
-        "last", doc="hidden state at the last prompt token, or the mean over the prompt"
-    )
     weights_path: str | None = option(
         None, doc="calibrated weights (.npz) from the calibrate CLI; None = no prediction (FCFS)"
+    )
+    layer: int | None = option(
+        None,
+        doc="decoder layer whose output is probed (0-based); None = num_layers // 2; must be "
+        "the calibrate CLI's --layer for weights_path (the weights file does not record it)",
+    )
+    pooling: Literal["last", "mean"] = option(
+        "last",
+        doc="hidden state at the last prompt token, or the mean over the prompt; must be the "
+        "calibrate CLI's --pooling for weights_path",
     )
     checkpoint_path: str | None = option(
         None, doc="where online-corrected weights are saved; None = not saved"
     )
-    checkpoint_every: int = option(64, doc="RLS updates between checkpoints (>= 1)")
-    online_rls: bool = option(True, doc="correct the weights online from true lengths (RLS)")
-    forgetting: float = option(0.999, doc="RLS forgetting factor, in (0, 1]; 1 = no forgetting")
-    rls_init_scale: float = option(
-        1.0, doc="scale of the initial RLS covariance when not loaded from weights (> 0)"
-    )
-    ridge_alpha: float = option(1.0, doc="ridge penalty of the calibration fit (>= 0)")
     max_wait_s: float = option(
         30.0, doc="aging bound: a request waiting longer is served before any non-aged one (> 0)"
     )
-    risk_k: float = option(
-        0.0,
-        doc="order by predicted remaining inflated by exp(k * log-std) "
-        "(>= 0; the log-std is computed only when > 0)",
-    )
-    remaining: Literal["point", "conditional"] = option(
-        "point",
-        doc="a request's expected remaining tokens: predicted total (at most its max_tokens) "
-        "minus generated, at least 1; or the mean under the head's log-normal error given the "
-        "tokens already generated and max_tokens (a request past its prediction no longer "
-        "looks about to finish); client length hints are exact either way",
-    )
-    error_log_std: float | None = option(
-        None,
-        doc="spread (std in log1p space) of the head's error for remaining=conditional "
-        "(> 0); None = the head's residual std from calibration and RLS",
-    )
-    prior: Literal["fcfs", "prompt_length"] = option(
-        "prompt_length",
-        doc="order of requests without a prediction yet: shortest prompt, or arrival "
-        "(applies only beside a non-constant model)",
-    )
-    prediction_timeout_s: float = option(
-        1.0, doc="after prefill, how long to wait for a prediction before FCFS for it (> 0)"
-    )
-    max_len: int = option(8192, doc="clamp for the predicted total output length (>= 1)")
     preempt: bool = option(
         True,
         doc="when decode slots are full, preempt the longest predicted remaining runners "
         "for waiting requests expected to be shorter, several per step (SRPT); "
         "False = reorder queues only",
-    )
-    preempt_margin: float = option(
-        0.0,
-        doc="preempt only if the running request's remaining exceeds the waiting one's "
-        "expected remaining by this fraction (>= 0)",
-    )
-    max_preemptions: int = option(2, doc="a request is preempted by LEAP at most this often (>= 0)")
-    probe_slots: int = option(
-        0,
-        doc="probe lane: while requests without a prediction wait, up to this many of the "
-        "max_num_seqs slots prefill them only to read their probe; a probed request that "
-        "is not among the shortest is parked again (capped at max_num_seqs - 1; 0 = off)",
     )
     refine_weights_path: str | None = option(
         None,
@@ -93,34 +57,102 @@ class LeapConfig:
         "length from the probe layer's state while decoding; None = prefill prediction only",
     )
     refine_every: int = option(
-        32, doc="output tokens between two refinements of a request's prediction (>= 1)"
+        32,
+        doc="output tokens between two refinements of a request's prediction (>= 1); must be "
+        "the calibrate CLI's --refine-every for refine_weights_path",
+    )
+    checkpoint_every: int = option(
+        64, experimental=True, doc="RLS updates between checkpoints (>= 1)"
+    )
+    online_rls: bool = option(
+        True, experimental=True, doc="correct the weights online from true lengths (RLS)"
+    )
+    forgetting: float = option(
+        0.999, experimental=True, doc="RLS forgetting factor, in (0, 1]; 1 = no forgetting"
+    )
+    risk_k: float = option(
+        0.0,
+        experimental=True,
+        doc="order by predicted remaining inflated by exp(k * log-std) "
+        "(>= 0; the log-std is computed only when > 0)",
+    )
+    remaining: Literal["point", "conditional"] = option(
+        "point",
+        experimental=True,
+        doc="a request's expected remaining tokens: predicted total (at most its max_tokens) "
+        "minus generated, at least 1; or the mean under the head's log-normal error given the "
+        "tokens already generated and max_tokens (a request past its prediction no longer "
+        "looks about to finish); client length hints are exact either way",
+    )
+    error_log_std: float | None = option(
+        None,
+        experimental=True,
+        doc="spread (std in log1p space) of the head's error for remaining=conditional "
+        "(> 0); None = the head's residual std from calibration and RLS",
+    )
+    prior: Literal["fcfs", "prompt_length"] = option(
+        "prompt_length",
+        experimental=True,
+        doc="order of requests without a prediction yet: shortest prompt, or arrival "
+        "(applies only beside a non-constant model)",
+    )
+    prediction_timeout_s: float = option(
+        1.0,
+        experimental=True,
+        doc="after prefill, how long to wait for a prediction before FCFS for it (> 0)",
+    )
+    max_len: int = option(
+        8192, experimental=True, doc="clamp for the predicted total output length (>= 1)"
+    )
+    preempt_margin: float = option(
+        0.0,
+        experimental=True,
+        doc="preempt only if the running request's remaining exceeds the waiting one's "
+        "expected remaining by this fraction (>= 0)",
+    )
+    max_preemptions: int = option(
+        2, experimental=True, doc="a request is preempted by LEAP at most this often (>= 0)"
+    )
+    probe_slots: int = option(
+        0,
+        experimental=True,
+        doc="probe lane: while requests without a prediction wait, up to this many of the "
+        "max_num_seqs slots prefill them only to read their probe; a probed request that "
+        "is not among the shortest is parked again (capped at max_num_seqs - 1; 0 = off)",
     )
     loops: Literal["off", "greedy", "all"] = option(
         "greedy",
+        experimental=True,
         doc="repetition loops: a request whose output tail repeats one token cycle is "
         "predicted to run to its max_tokens (exactly, like a client hint); checked for greedy "
         "requests without repetition penalties (where a cycle persists), for all, or never",
     )
-    loop_max_period: int = option(128, doc="longest token cycle looked for (>= 1)")
+    loop_max_period: int = option(
+        128, experimental=True, doc="longest token cycle looked for (>= 1)"
+    )
     loop_min_span: int = option(
         32,
+        experimental=True,
         doc="output tokens a cycle must repeat over (beyond its first occurrence, and at "
         "least one whole cycle) before it counts as a loop (>= 1)",
     )
     loop_check_every: int = option(
         8,
+        experimental=True,
         doc="a running request's output is checked for a loop each time its length passes "
         "a multiple of this (>= 1; a speculative step that writes several tokens cannot "
         "skip a check)",
     )
     rls_thread: bool | None = option(
         None,
+        experimental=True,
         doc="apply RLS updates (and checkpoints) on a background thread, so the scheduler "
         "never waits for them; None = on when the engine runs on an accelerator, off on CPU "
         "(where the engine's threads already use every core)",
     )
     probe_delivery: Literal["auto", "same_step", "next_step"] = option(
         "auto",
+        experimental=True,
         doc="when the scheduler gets a step's probe vectors: same_step (the worker waits for "
         "the forward to copy them to the host, one sync in each step that ends a prompt) or "
         "next_step (a non-blocking copy, delivered with the next step: no sync, predictions "
@@ -129,8 +161,9 @@ class LeapConfig:
     )
     return_probe: bool = option(
         False,
+        experimental=True,
         doc="return each request's probe vector (and its refinement probes) in "
-        "kv_transfer_params (calibration)",
+        "kv_transfer_params (set by the calibrate CLI)",
     )
 
     def __post_init__(self) -> None:
@@ -146,8 +179,6 @@ class LeapConfig:
         if not isinstance(self.online_rls, bool):
             raise ConfigError(f"LeapConfig.online_rls must be a boolean, got {self.online_rls!r}")
         _check_float(self, "forgetting", lambda v: 0 < v <= 1, "in (0, 1]")
-        _check_float(self, "rls_init_scale", lambda v: v > 0, "> 0")
-        _check_float(self, "ridge_alpha", lambda v: v >= 0, ">= 0")
         _check_float(self, "max_wait_s", lambda v: v > 0, "> 0")
         _check_float(self, "risk_k", lambda v: v >= 0, ">= 0")
         _check_choice(self, "prior", ("fcfs", "prompt_length"))
