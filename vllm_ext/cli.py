@@ -1,8 +1,10 @@
 """``vllm-ext`` command: ``serve`` (vllm serve with ``--plugins``), ``demo``, ``assets``, ``bench``.
 
-``vllm-ext serve MODEL --plugins leap,histate [any vllm serve args]`` prints the
-equivalent plain ``vllm serve`` command, then replaces itself with it (signals
-and exit codes are vLLM's own). ``--dry-run`` prints only.
+``vllm-ext serve MODEL --plugins leap,histate [any vllm serve args]`` checks
+``--additional-config`` and the ``VLLMEXT_*`` variables (a bad key exits with
+status 2 and one line, before vLLM is imported), prints the equivalent plain
+``vllm serve`` command, then replaces itself with it (signals and exit codes
+are vLLM's own). ``--dry-run`` prints only.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import argparse
 import os
 import sys
 
+from vllm_ext.common.config import ConfigError
+from vllm_ext.common.systems import additional_config_from_argv, validate_additional_config
 from vllm_ext.launcher import SYSTEMS, LaunchError, compose, parse_plugin_list
 from vllm_ext.patches import vllm_cpu_cli_version
 
@@ -43,6 +47,12 @@ def serve(argv: list[str]) -> int:
     parser.add_argument("--plugins", default="", help=f"comma-separated systems: {valid}")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     args, vllm_args = parser.parse_known_args(argv)
+    try:
+        validate_additional_config(additional_config_from_argv(vllm_args) or {}, os.environ)
+    except ConfigError as exc:
+        # one line, before vLLM is imported: the config is the user's to fix, not a crash
+        sys.stderr.write(f"vllm-ext serve: error: {exc}\n")
+        return 2
     try:
         plugins = parse_plugin_list(args.plugins, SYSTEMS)
         plan = compose(args.model, plugins, vllm_args, os.environ, _general_plugin_names())

@@ -155,14 +155,13 @@ def histate_lines() -> list[str]:
 
     rng = random.Random(11)
     prompt = [rng.randrange(100, 30000) for _ in range(900)]
-    env = {
-        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
-        "VLLM_EXT_HISTATE_DIRECTORY": str(Path(tempfile.mkdtemp(prefix="histate-demo-"))),
-    }
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # POST /reset_prefix_cache
+    histate = {"histate": {"directory": tempfile.mkdtemp(prefix="histate-demo-")}}
     # one-block chunks: see the HiState limits in the README (EngineCore mamba block size);
     # bf16 SSM state keeps the block at 384 tokens on AVX-512-BF16 CPUs too
     args = [*CPU_SERVE_ARGS, "--served-model-name", "tiny", "--plugins", "histate",
-            "--max-num-batched-tokens", "384", "--mamba-ssm-cache-dtype", "bfloat16"]  # fmt: skip
+            "--max-num-batched-tokens", "384", "--mamba-ssm-cache-dtype", "bfloat16",
+            "--additional-config", json.dumps(histate)]  # fmt: skip
     log = Path(tempfile.gettempdir()) / "vllm-ext-demo-histate.log"
     _emit(f"Starting vllm-ext serve --plugins histate on the tiny hybrid (log: {log}) ...")
     with VllmServer(str(model_path("tiny-hybrid")), args, launcher="vllm-ext", env=env,

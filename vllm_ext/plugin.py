@@ -7,14 +7,23 @@ point, listed in ``pyproject.toml``, so ``VLLM_PLUGINS`` can select systems.
 
 from __future__ import annotations
 
+import sys
+
 from vllm_ext import __version__
 from vllm_ext.common.compat import installed_vllm_version, supported_vllm
 from vllm_ext.common.log import get_logger
+from vllm_ext.common.systems import validate_serve_argv
 
 logger = get_logger(__name__)
 
 
 def register() -> None:
-    """Check the vLLM version once per process; systems register only after this passes."""
+    """Check a ``vllm serve`` config and the vLLM version once per process.
+
+    Systems register only after this passes. vLLM loads general plugins before
+    it parses its arguments, so a bad ``--additional-config`` stops ``vllm
+    serve`` here, with one line, before any model or engine work.
+    """
+    validate_serve_argv(sys.argv)
     if supported_vllm():
         logger.debug("vllm_ext %s loaded on vLLM %s", __version__, installed_vllm_version())

@@ -50,12 +50,14 @@ def engine_kwargs(
         kwargs["kv_transfer_config"] = {
             **SYSTEMS["histate"].kv_connector,  # what `vllm-ext serve --plugins histate` sets
             "kv_role": "kv_both",
-            "kv_connector_extra_config": {
+        }
+        kwargs["additional_config"] = {
+            "histate": {
                 "policy": policy,
                 "host_bytes": host_bytes,
                 "ssd_bytes": ssd_bytes,
                 "directory": directory,
-            },
+            }
         }
     return kwargs
 

@@ -9,6 +9,7 @@ route); the second answer equals the first and HiState's counters show the hit.
 
 from __future__ import annotations
 
+import json
 import urllib.request
 
 import numpy as np
@@ -24,19 +25,16 @@ PROMPT = np.random.default_rng(11).integers(100, 30000, size=900).tolist()
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "histate.log"
-    env = {
-        **server_env(),
-        "VLLM_SERVER_DEV_MODE": "1",  # exposes POST /reset_prefix_cache
-        "VLLM_EXT_HISTATE_DIRECTORY": str(tmp_path_factory.mktemp("histate-ssd")),
-        "VLLM_EXT_HISTATE_HOST_BYTES": str(256 << 20),
-    }
+    env = {**server_env(), "VLLM_SERVER_DEV_MODE": "1"}  # exposes POST /reset_prefix_cache
+    histate = {"directory": str(tmp_path_factory.mktemp("histate-ssd")), "host_bytes": 256 << 20}
     # chunks of one block: in vLLM 0.32's multiprocess engine the EngineCore keeps
     # mamba_block_size=16 (the platform raises it to 384 only in the worker), so longer
     # chunks do not end on 384-token boundaries and no boundary state exists to store
     # bf16 SSM state: 384-token blocks on every CPU (float32 state, vLLM's choice on
     # AVX-512-BF16 CPUs, makes them 640)
     args = [*SERVE_ARGS, "--served-model-name", "tiny", "--plugins", "histate",
-            "--max-num-batched-tokens", "384", "--mamba-ssm-cache-dtype", "bfloat16"]  # fmt: skip
+            "--max-num-batched-tokens", "384", "--mamba-ssm-cache-dtype", "bfloat16",
+            "--additional-config", json.dumps({"histate": histate})]  # fmt: skip
     with VllmServer(
         str(model_path("tiny-hybrid")), args, launcher="vllm-ext", env=env, log_path=log
     ) as srv:

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from tests.helpers import engine
+from vllm_ext.common.config import config_block
+from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.policy import snap_key
 
 MODEL = "tiny-hybrid"
@@ -63,16 +65,16 @@ def _run(llm, prompt, n: int = 8):
     return llm.generate([{"prompt_token_ids": prompt}], _params(n), use_tqdm=False)[0]
 
 
-def histate_kwargs(**extra) -> dict:
-    """Engine kwargs with the HiState connector (``extra`` = kv_connector_extra_config)."""
+def histate_kwargs(**settings) -> dict:
+    """Engine kwargs with the HiState connector (``settings``: HiStateConfig fields)."""
     return {
         **ENGINE,
         "kv_transfer_config": {
             "kv_connector": "HiStateConnector",
             "kv_connector_module_path": "vllm_ext.histate.connector",
             "kv_role": "kv_both",
-            "kv_connector_extra_config": extra,
         },
+        "additional_config": {"histate": config_block(HiStateConfig, settings)},
     }
 
 

@@ -46,7 +46,8 @@ from vllm.v1.core.kv_cache_utils import get_block_hash
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
-from vllm_ext.histate.config import SYSTEM, load_histate_config
+from vllm_ext.common.systems import config_from_vllm
+from vllm_ext.histate.config import SYSTEM, reject_connector_extra_config
 from vllm_ext.histate.device_pool import keep_snapshots_off_device
 from vllm_ext.histate.metadata import (
     HiStateMetadata,
@@ -85,8 +86,9 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         self.counters = self.make_counters()
-        extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        self.config = load_histate_config(extra)
+        # the scheduler and the worker read the same block of --additional-config
+        reject_connector_extra_config(self._kv_transfer_config.kv_connector_extra_config)
+        self.config = config_from_vllm(SYSTEM, vllm_config)
         if vllm_config.parallel_config.world_size > 1:
             raise ConfigError(
                 "HiStateConnector supports one worker (tensor and pipeline parallel size 1); "

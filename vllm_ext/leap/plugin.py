@@ -9,10 +9,15 @@ connector) or runs ``vllm-ext serve --plugins leap``.
 
 from __future__ import annotations
 
+import sys
+
 from vllm_ext.common.compat import register_connector_once, supported_vllm
+from vllm_ext.common.systems import validate_serve_argv
 
 
 def register() -> None:
+    # VLLM_PLUGINS may select this plugin without vllm_ext's own: check the config here too
+    validate_serve_argv(sys.argv)
     if not supported_vllm():
         return
     register_connector_once("LeapConnector", "vllm_ext.leap.connector", "LeapConnector")
