@@ -61,3 +61,12 @@ def test_failed_build_leaves_nothing_that_looks_complete():
         store.ensure("m", "r1", broken)
     assert not (store.cache_dir() / "m").exists()
     assert list(store.cache_dir().iterdir()) == []
+
+
+def test_cache_folder_comes_from_the_new_variable_and_the_old_one_is_an_error(
+    tmp_cache, monkeypatch
+):
+    assert store.CACHE_ENV == "VLLMEXT_ASSETS_DIR" and store.cache_dir() == tmp_cache
+    monkeypatch.setenv("VLLM_EXT_ASSETS_DIR", str(tmp_cache))
+    with pytest.raises(ValueError, match="VLLM_EXT_ASSETS_DIR -> VLLMEXT_ASSETS_DIR"):
+        store.cache_dir()

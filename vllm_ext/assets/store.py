@@ -17,16 +17,19 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from vllm_ext.common.config import reject_old_env
 from vllm_ext.common.log import get_logger
 
 logger = get_logger(__name__)
 
 MANIFEST = "MANIFEST.json"
-CACHE_ENV = "VLLM_EXT_ASSETS_DIR"
+CACHE_ENV = "VLLMEXT_ASSETS_DIR"
 
 
 def cache_dir() -> Path:
-    """``$VLLM_EXT_ASSETS_DIR`` or ``~/.cache/vllm_ext/assets``."""
+    """``$VLLMEXT_ASSETS_DIR`` or ``~/.cache/vllm_ext/assets``."""
+    # the old name set means a folder the user chose: never fall back to the default silently
+    reject_old_env(os.environ, "VLLM_EXT_ASSETS_DIR")
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vllm_ext" / "assets"
     return Path(root)
 

@@ -55,7 +55,7 @@ class PackedAttention(nn.Module):
         k = key.view(-1, self.num_kv_heads, self.head_size)
         v = value.view(-1, self.num_kv_heads, self.head_size_v)
         layout = self.layout
-        if q.is_cuda or os.environ.get("VLLM_EXT_KERNELS_FORCE_REF") == "1":
+        if q.is_cuda or os.environ.get("VLLMEXT_KERNELS_FORCE_REF") == "1":
             out = packed_attention(q, k, v, layout.segment_of, layout.visible, self.scale,
                                    self.starts)  # fmt: skip
         else:

@@ -1,4 +1,4 @@
 """Compute kernels with pure-torch references (``<op>/ref.py`` is ground truth).
 
-``VLLM_EXT_KERNELS_FORCE_REF=1`` makes every op use its reference.
+``VLLMEXT_KERNELS_FORCE_REF=1`` makes every op use its reference.
 """

@@ -2,7 +2,7 @@
 
 ``packed_attention`` picks the implementation: the Triton kernel on CUDA when
 Triton is installed and supports the head size, else the chunked SDPA path;
-``VLLM_EXT_KERNELS_FORCE_REF=1`` forces the fp32 reference.
+``VLLMEXT_KERNELS_FORCE_REF=1`` forces the fp32 reference.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def packed_attention(
     key_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Segment-masked causal attention; see :func:`~.ref.packed_attention_ref`."""
-    if os.environ.get("VLLM_EXT_KERNELS_FORCE_REF") == "1":
+    if os.environ.get("VLLMEXT_KERNELS_FORCE_REF") == "1":
         return packed_attention_ref(q, k, v, segment_of, visible, scale)
     if q.is_cuda and _has_triton():
         # imported here so that CPU callers never pay for importing Triton
