@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from benchmarks.leap.__main__ import _cached_record, benchmark_prompts
 from vllm_ext.assets import model_path
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import OUT_DIR, BenchResult, collect_fingerprint, make_headline, write_result
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import kendall_tau, mae_log
 from vllm_ext.leap.ridge_cv import choose_alpha, fold_parts
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--record-cache", default="tmp/leap_record")
     parser.add_argument("--folds", type=int, default=8)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
     recording = SimpleNamespace(layer=None, pooling="last", refine_every=32, **vars(args))
     model = model_path("smollm2")
