@@ -113,6 +113,8 @@ def _args(text: str) -> tuple[str, ...]:
 _LEAP_HEAD = "leap_sharegpt_512_cal512_next_step_x2"
 _LEAP_RATES = "leap_sharegpt_512_cal512_rates"
 _LEAP_512 = "--max-tokens 512 --dtype float32 --calibration 512 --drift 32"
+# quick traces and saved runs apart from the full ones (histate.engine --reuse reads that folder)
+_QUICK_TRACES = "tmp/histate_traces_quick"
 _REPEATS_NOTE = "the cited run had --repeats {}; 3 rounds now"
 
 SUITE: tuple[Entry, ...] = (
@@ -146,7 +148,7 @@ SUITE: tuple[Entry, ...] = (
         name="histate_sim",
         module="benchmarks.histate.sim",
         full=(),
-        quick=_args("--quick"),
+        quick=_args(f"--quick --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<=", 1 / 3),
         minutes=(1, 12),
         min_rounds=1,
@@ -156,7 +158,7 @@ SUITE: tuple[Entry, ...] = (
         name="histate_engine",
         module="benchmarks.histate.engine",
         full=_args("--repeats 3"),
-        quick=_args("--quick --scenarios agentic"),
+        quick=_args(f"--quick --scenarios agentic --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<", 1.0),
         minutes=(6, 180),
         note="the cited run was one round (--repeats did not exist); 3 rounds now",

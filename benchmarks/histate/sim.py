@@ -133,11 +133,13 @@ def variant_setup(variant: str, knob: float) -> tuple[HiStateConfig, CostModel, 
 def variant_config(variant: str, knob: float) -> dict[str, Any]:
     """What :func:`variant_setup` gives, JSON-ready (every field of the resolved config)."""
     cfg, cost, policy_cls = variant_setup(variant, knob)
+    base = COST.describe()
     return {
         "simulated_policy": "histate" if variant in ABLATIONS else variant,
         "policy_class": (policy_cls or HiStatePolicy).__name__,
         "histate": dataclasses.asdict(cfg),
-        "cost_model": cost.describe(),
+        # config.cost_model holds the shared model; a variant records only what it changes
+        "cost_model_changes": {k: v for k, v in cost.describe().items() if base.get(k) != v},
     }
 
 
