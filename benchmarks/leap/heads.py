@@ -17,7 +17,7 @@ is not there), by fitting other heads to the same vectors and labels:
 Every head is scored out of fold (8 folds, the same for all). For the
 alternatives the best setting of a small grid is reported, picked on the same
 folds, so their figures are optimistic; LEAP's ridge gets no such help. Data:
-the recording of the served benchmark (``leap_sharegpt_512_cal512_x3``: probe
+the recording of the served benchmark (``leap_sharegpt_512_cal512_next_step_x2``: probe
 vectors of layer 15 and greedy output lengths), its 544 ShareGPT prompts.
 Needs the ``bench`` extra (scikit-learn).
 
