@@ -8,17 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.suite import (
-    HEADER,
-    SUITE,
-    Entry,
-    Goal,
-    by_name,
-    describe,
-    select,
-    summary_rows,
-    summary_table,
-)
+from benchmarks.suite import SUITE, Entry, Goal, by_name, describe, select
+from benchmarks.suite_run import HEADER, summary_rows, summary_table
 from vllm_ext.bench import BenchResult, headline_from_rounds, make_headline, write_result
 
 pytestmark = pytest.mark.unit
@@ -136,3 +127,19 @@ def test_describe_lists_full_and_quick_commands() -> None:
     text = describe(SUITE)
     assert "python -m benchmarks.fcfs_sharegpt --rates 1,4,inf" in text
     assert "--out benchmarks/out/quick" in text and "make bench-histate" in text
+
+
+def test_runner_logs_each_entry_and_reports_failures(tmp_path) -> None:
+    from benchmarks.suite_run import run
+
+    ok = Entry("s", "lists", "benchmarks.suite", ("--list",), None, Goal("<", 1), (0, 0.01))
+    bad = Entry(
+        "s", "bad", "benchmarks.promote", ("--no-such-flag",), None, Goal("<", 1), (0, 0.01)
+    )
+    failed, seconds = run([ok, bad], quick=False, out=tmp_path)
+    assert set(seconds) == {"lists", "bad"}
+    assert list(failed) == ["bad"] and "exit 2" in failed["bad"]
+    log = (tmp_path / "logs" / "lists.log").read_text()
+    assert log.startswith("python -m benchmarks.suite --list --out ")
+    assert "python -m benchmarks.fcfs_sharegpt" in log  # the entry's own output
+    assert "unrecognized arguments" in (tmp_path / "logs" / "bad.log").read_text()
