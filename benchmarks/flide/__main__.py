@@ -15,7 +15,8 @@ the same questions in one run:
   each question's end (no masks, no state restart: shows the drift);
 - ``flide``: one packed pass, masked attention, GDN restarted per question.
 
-Metrics: questions/s and seconds per batch (median of ``--repeats``), tokens
+Metrics: questions/s and seconds per batch (median of ``--repeats`` timed runs,
+each run's questions/s kept for the headline's spread), tokens
 computed per batch, and agreement of each variant's classes with separate
 computation (``vllm_no_apc`` is that computation); for naive packing, the
 largest label log-probability drift from Flide (which equals separate
@@ -42,10 +43,12 @@ from vllm.distributed.parallel_state import cleanup_dist_env_and_memory  # noqa:
 from benchmarks.flide.workloads import build  # noqa: E402
 from vllm_ext.assets import model_path  # noqa: E402
 from vllm_ext.bench import (  # noqa: E402
+    OUT_DIR,
     BenchResult,
     collect_fingerprint,
+    command_line,
+    headline_from_rounds,
     headline_text,
-    make_headline,
     write_result,
 )
 from vllm_ext.flide.classifier import WORKER_EXTENSION, PackedClassifier  # noqa: E402
@@ -59,12 +62,13 @@ ENGINE = dict(dtype="bfloat16", enforce_eager=True, kv_cache_memory_bytes=1 << 3
 
 
 def time_it(fn, repeats: int):
+    """Median seconds of ``repeats`` calls, every call's seconds, the last output."""
     times, out = [], None
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+    return statistics.median(times), times, out
 
 
 def run_vllm(llm, ctx, questions, label_first, repeats):
@@ -75,20 +79,24 @@ def run_vllm(llm, ctx, questions, label_first, repeats):
                             logprobs=len(label_first))  # fmt: skip
     prompts = [TokensPrompt(prompt_token_ids=ctx + q) for q in questions]
     llm.generate(prompts[:1], params, use_tqdm=False)  # warm: the context is now cached
-    secs, outs = time_it(lambda: llm.generate(prompts, params, use_tqdm=False), repeats)
+    secs, runs, outs = time_it(lambda: llm.generate(prompts, params, use_tqdm=False), repeats)
     classes = [label_first.index(o.outputs[0].token_ids[0]) for o in outs]
     cached = outs[-1].num_cached_tokens or 0
     tokens = sum(len(ctx) + len(q) for q in questions) - cached * len(questions)
-    return secs, classes, tokens
+    return secs, runs, classes, tokens
 
 
 def run_packed(llm, ctx, questions, repeats, isolate: bool):
     clf = PackedClassifier(llm, LABELS)
     payload = {"items": [[ctx, questions]], "labels": [list(x) for x in clf.label_ids],
                "isolate": isolate}  # fmt: skip
-    secs, logp = time_it(lambda: llm.collective_rpc("flide_classify", args=(payload,))[0], repeats)
+
+    def classify():
+        return llm.collective_rpc("flide_classify", args=(payload,))[0]
+
+    secs, runs, logp = time_it(classify, repeats)
     classes = [max(range(len(row)), key=row.__getitem__) for row in logp]
-    return secs, classes, len(ctx) + sum(len(q) for q in questions), logp
+    return secs, runs, classes, len(ctx) + sum(len(q) for q in questions), logp
 
 
 def agreement(a, b):
@@ -106,13 +114,16 @@ def measure(llm, variants, points, tok, label_first, repeats, desc) -> dict[str,
         ctx, qs = build(workload, nq, nctx, tok)
         for name in variants:
             if name.startswith("vllm"):
-                secs, classes, tokens = run_vllm(llm, ctx, qs, label_first, repeats)
+                secs, runs, classes, tokens = run_vllm(llm, ctx, qs, label_first, repeats)
                 logp = None
             else:
-                secs, classes, tokens, logp = run_packed(llm, ctx, qs, repeats, name == "flide")
+                secs, runs, classes, tokens, logp = run_packed(
+                    llm, ctx, qs, repeats, name == "flide"
+                )
             rows[name].append({"point": point_name(workload, nq, nctx), "workload": workload,
                                "questions_per_context": nq, "context_tokens": len(ctx),
                                "questions_per_s": nq / secs, "seconds_per_batch": secs,
+                               "questions_per_s_runs": [nq / t for t in runs],
                                "tokens_computed": tokens, "classes": classes,
                                "logprobs": logp})  # fmt: skip
     return rows
@@ -129,8 +140,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer points (and 1 repeat)")
     parser.add_argument("--repeats", type=int, help="timed runs per point (default 3; quick 1)")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
+    args.argv = argv
     repeats = args.repeats or (1 if args.quick else 3)
     args.repeats = repeats
     sweep_q = [4, 64] if args.quick else [1, 4, 16, 64, 256]
@@ -156,6 +168,27 @@ def main(argv=None) -> int:
     return 0
 
 
+VARIANT_METHODS = {
+    "vllm_apc": ("one request per question (LLM.generate)", True, None),
+    "naive_packing": ("one packed pass, plain causal attention", True, False),
+    "flide": ("one packed pass, masked attention, GDN restarted per question", True, True),
+    "vllm_no_apc": ("one request per question (LLM.generate)", False, None),
+}
+
+
+def variant_configs() -> dict[str, dict]:
+    """Engine arguments and method of every variant (vLLM is called in-process, offline API)."""
+    return {
+        name: {
+            "method": method,
+            "engine": {"model": MODEL, **ENGINE, "enable_prefix_caching": apc},
+            "worker_extension_cls": WORKER_EXTENSION,
+            **({"isolate": isolate} if isolate is not None else {}),
+        }
+        for name, (method, apc, isolate) in VARIANT_METHODS.items()
+    }
+
+
 def build_result(rows, points, args) -> BenchResult:
     exact = [point["classes"] for point in rows["vllm_no_apc"]]
     # Flide equals separate computation (tests/engine/test_flide_engine.py): naive packing's
@@ -176,15 +209,19 @@ def build_result(rows, points, args) -> BenchResult:
         name=NAME,
         description=__doc__.split("\n\n")[0],
         variants=top,
-        headline=make_headline(
+        # timed runs of one variant follow each other, not paired with the baseline's
+        headline=headline_from_rounds(
             "questions_per_s",
-            top["flide"]["questions_per_s"],
-            top["vllm_apc"]["questions_per_s"],
+            top["flide"]["questions_per_s_runs"],
+            top["vllm_apc"]["questions_per_s_runs"],
             "vllm_apc",
             higher_is_better=True,
             target=9.5,
+            paired=False,
         ),  # fmt: skip
         fingerprint=collect_fingerprint(),
+        command=command_line("benchmarks.flide", args.argv),
+        variant_configs=variant_configs(),
         config={
             "model": MODEL,
             "labels": LABELS,

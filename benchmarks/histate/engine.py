@@ -25,9 +25,14 @@ tokens, snapshots and bytes read per tier, and whether first-turn outputs
 equal native's. Headline: HiState vs vLLM-native p99 TTFT on ``agentic``
 (target from the issue: better); Marconi and LRU are shown beside it.
 
-Run: ``python -m benchmarks.histate --engine`` (~60 min on 2 cores; ``--quick``
-~15 min; ``--reuse`` rebuilds the result from saved runs). Needs a quiet
-machine: other CPU load changes every timing.
+Every policy runs ``--repeats`` rounds (round-robin over scenarios and policies,
+so machine drift hits all alike); each metric is the median over rounds and the
+headline carries every round's value.
+
+Run: ``python -m benchmarks.histate --engine`` (~60 min per round on 2 cores;
+``--quick`` ~15 min; ``--reuse`` rebuilds the result from saved runs). Needs a
+quiet machine: other CPU load changes every timing. The headline's exact
+arguments are in ``benchmarks/suite.py`` (``make bench-histate``).
 """
 
 from __future__ import annotations
@@ -45,13 +50,18 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm_ext.bench import (
+    OUT_DIR,
     BenchResult,
     collect_fingerprint,
+    command_line,
+    headline_from_rounds,
     headline_text,
-    make_headline,
+    median_metrics,
     percentile,
+    scrub,
     write_result,
 )
+from vllm_ext.bench.provenance import resolve_system_config
 from vllm_ext.histate.traces import agentic_trace, bfcl_trace, save_trace
 
 NAME = "histate_engine"
@@ -67,6 +77,11 @@ TRACES = {
     "bfcl": (bfcl_trace, dict(n_sessions=24, scale=0.5, block_size=16), 0.4),
 }
 ENGINE = dict(time_scale=0.5, device_bytes=16 * MB, ssd_bytes=1024 * MB)
+LOADER_NOTE = (
+    "vLLM-native is driven by the same closed-loop replay as the other policies "
+    "(benchmarks.histate.replay), not `vllm bench serve`: a session's next turn carries its "
+    "previous outputs, every policy must get the same turns, and every request is recorded."
+)
 
 
 @dataclass(frozen=True)
@@ -123,24 +138,47 @@ def serve(policy: str, trace: Path, out: Path, host_bytes: int) -> dict[str, Any
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def run_all(names, paths, trace_dir: Path, reuse: bool) -> dict[tuple[str, str], dict]:
-    """Every policy in every scenario (a saved run is read back with ``reuse``)."""
-    runs: dict[tuple[str, str], dict] = {}
-    jobs = [(n, p) for n in names for p in POLICIES]
-    for name, policy in tqdm(jobs, desc="histate engine", unit="run"):
+def run_all(
+    names, paths, trace_dir: Path, reuse: bool, repeats: int = 1
+) -> dict[tuple[str, str], list[dict]]:
+    """Every policy in every scenario, ``repeats`` rounds; per (scenario, policy) the
+    rounds' runs in order (a saved run is read back with ``reuse``)."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    jobs = [(r, n, p) for r in range(repeats) for n in names for p in POLICIES]
+    for round_, name, policy in tqdm(jobs, desc="histate engine", unit="run"):
         scenario = SCENARIOS[name]
         source = name
         if policy == "native" and scenario.native_from is not None:
             source = scenario.native_from
-        out = trace_dir / f"run_{source}_{policy}.json"
-        if (source, policy) in runs:
-            runs[(name, policy)] = runs[(source, policy)]
+        out = trace_dir / f"run_{source}_{policy}{f'_r{round_}' if round_ else ''}.json"
+        done = runs.setdefault((name, policy), [])
+        if len(runs.get((source, policy), [])) > round_:
+            done.append(runs[(source, policy)][round_])
         elif reuse and out.exists():
-            runs[(name, policy)] = json.loads(out.read_text(encoding="utf-8"))
+            done.append(json.loads(out.read_text(encoding="utf-8")))
         else:
             host = SCENARIOS[source].host_bytes
-            runs[(name, policy)] = serve(policy, paths[scenario.trace], out, host)
+            done.append(serve(policy, paths[scenario.trace], out, host))
     return runs
+
+
+def variant_config(name: str, policy: str) -> dict[str, Any]:
+    """Engine arguments of one (scenario, policy) run and its resolved HiState config."""
+    from benchmarks.histate.serve_trace import engine_kwargs
+
+    scenario = SCENARIOS[name]
+    source = scenario.native_from if policy == "native" and scenario.native_from else name
+    host = SCENARIOS[source].host_bytes
+    kwargs = engine_kwargs(
+        policy, ENGINE["device_bytes"], host, ENGINE["ssd_bytes"], "<temp folder per run>"
+    )
+    connector = kwargs.get("kv_transfer_config", {})
+    extra = connector.get("kv_connector_extra_config")
+    return {
+        "engine_kwargs": scrub(kwargs),
+        "time_scale": ENGINE["time_scale"],
+        "systems": {"histate": resolve_system_config("histate", extra)} if extra else {},
+    }
 
 
 def metrics(run: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any]:
@@ -181,22 +219,35 @@ def metrics(run: dict[str, Any], native: dict[str, Any] | None) -> dict[str, Any
     return out
 
 
-def build_result(runs: dict[tuple[str, str], dict], sizes: dict, args) -> BenchResult:
-    variants = {}
-    for (trace, policy), run in runs.items():
-        variants[f"{trace}:{policy}"] = metrics(run, runs.get((trace, "native")))
+def per_round_metrics(runs: dict[tuple[str, str], list[dict]]) -> dict[str, list[dict]]:
+    """:func:`metrics` of every round of every (scenario, policy), against native's same round."""
+    out = {}
+    for (trace, policy), rounds in runs.items():
+        natives = runs.get((trace, "native")) or [None] * len(rounds)
+        out[f"{trace}:{policy}"] = [metrics(r, n) for r, n in zip(rounds, natives, strict=True)]
+    return out
+
+
+def build_result(runs: dict[tuple[str, str], list[dict]], sizes: dict, args) -> BenchResult:
+    rounds = per_round_metrics(runs)
+    variants = {name: median_metrics(r) for name, r in rounds.items()}
     head = "agentic" if ("agentic", "histate") in runs else next(iter(runs))[0]
-    ours = variants[f"{head}:histate"][METRIC]
-    base = variants[f"{head}:native"][METRIC]
-    device_blocks = next(iter(runs.values()))["device_blocks"]
+    device_blocks = next(iter(runs.values()))[0]["device_blocks"]
     return BenchResult(
         name=NAME,
         description=describe(variants, head, device_blocks),
         variants=variants,
-        headline=make_headline(
-            f"{head} {METRIC}", ours, base, "vllm_native", higher_is_better=False, target=TARGET
+        headline=headline_from_rounds(
+            f"{head} {METRIC}",
+            [m[METRIC] for m in rounds[f"{head}:histate"]],
+            [m[METRIC] for m in rounds[f"{head}:native"]],
+            "vllm_native",
+            higher_is_better=False,
+            target=TARGET,
         ),
         fingerprint=collect_fingerprint(),
+        command=command_line("benchmarks.histate.engine", args.argv),
+        variant_configs={f"{n}:{p}": variant_config(n, p) for n, p in runs},
         config={
             "engine": {
                 **ENGINE,
@@ -212,6 +263,7 @@ def build_result(runs: dict[tuple[str, str], dict], sizes: dict, args) -> BenchR
             },
             "requests_per_trace": sizes,
             "quick": args.quick,
+            "repeats": args.repeats,
         },
         plot_metric=METRIC,
     )
@@ -228,7 +280,7 @@ def _versus_lru(lru: dict, ours: dict) -> str:
 
 def describe(variants: dict[str, dict], head: str, device_blocks: int) -> str:
     """Top of the markdown: what ran and an honest verdict."""
-    lines = [__doc__.split("\n\n")[0], "", __doc__.split("\n\n", 2)[1], ""]
+    lines = [__doc__.split("\n\n")[0], "", __doc__.split("\n\n", 2)[1], "", LOADER_NOTE, ""]
     for trace in sorted({k.split(":")[0] for k in variants}):
         v = {p: variants.get(f"{trace}:{p}") for p in POLICIES}
         if not v["histate"] or not v["native"]:
@@ -273,19 +325,23 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios", default=",".join(SCENARIOS), help="comma-separated scenario names"
     )
     parser.add_argument("--trace-dir", default="tmp/histate_traces")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     parser.add_argument(
         "--reuse", action="store_true", help="rebuild the result from saved run files"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="rounds over every scenario and policy (medians)"
+    )
     args = parser.parse_args(argv)
+    args.argv = argv
     names = [n for n in args.scenarios.split(",") if n]
     unknown = set(names) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; choose from {list(SCENARIOS)}")
     trace_dir = Path(args.trace_dir)
     paths = make_traces(trace_dir, {SCENARIOS[n].trace for n in names}, args.quick)
-    runs = run_all(names, paths, trace_dir, args.reuse)
-    sizes = {n: len(runs[(n, "native")]["records"]) for n in names}
+    runs = run_all(names, paths, trace_dir, args.reuse, args.repeats)
+    sizes = {n: len(runs[(n, "native")][0]["records"]) for n in names}
     result = build_result(runs, sizes, args)
     write_result(result, args.out)
     h = result.headline

@@ -30,6 +30,9 @@ the best-alpha Marconi, p99 TTFT, agentic trace, at the highest swept load at
 which Marconi's (alpha=1) median TTFT stays under 1 s (the load the baseline
 still sustains; rule fixed before looking at HiState's numbers).
 
+The simulation is deterministic (seeded traces, no other randomness): one
+round is the whole measurement, recorded as ``rounds: 1``.
+
 Run: ``python -m benchmarks.histate.sim`` (~5 min on 2 cores; ``--quick``: ~30 s).
 """
 
@@ -45,10 +48,12 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm_ext.bench import (
+    OUT_DIR,
     BenchResult,
     collect_fingerprint,
+    command_line,
+    headline_from_rounds,
     headline_text,
-    make_headline,
     write_result,
 )
 from vllm_ext.histate.config import HiStateConfig
@@ -113,6 +118,31 @@ def make_traces(trace_dir: Path, quick: bool) -> dict[tuple[str, float], Path]:
     return paths
 
 
+def variant_setup(variant: str, knob: float) -> tuple[HiStateConfig, CostModel, type | None]:
+    """The policy config, cost model and policy class one simulated variant runs with."""
+    cfg = HiStateConfig(marconi_alpha=knob)
+    if variant == "histate":  # the device-pool release is modelled for HiState
+        cfg = HiStateConfig(time_weight=knob, release_device_snapshots=True)
+    if variant == KEEP_DEVICE:  # ablation: snapshots keep their device copies
+        cfg = HiStateConfig(release_device_snapshots=False)
+    policy_cls = IssueScorePolicy if variant == ISSUE_SCORE else None
+    cost = dataclasses.replace(COST, host_bytes=10**15) if variant == UNBOUNDED else COST
+    return cfg, cost, policy_cls
+
+
+def variant_config(variant: str, knob: float) -> dict[str, Any]:
+    """What :func:`variant_setup` gives, JSON-ready (every field of the resolved config)."""
+    cfg, cost, policy_cls = variant_setup(variant, knob)
+    base = COST.describe()
+    return {
+        "simulated_policy": "histate" if variant in ABLATIONS else variant,
+        "policy_class": (policy_cls or HiStatePolicy).__name__,
+        "histate": dataclasses.asdict(cfg),
+        # config.cost_model holds the shared model; a variant records only what it changes
+        "cost_model_changes": {k: v for k, v in cost.describe().items() if base.get(k) != v},
+    }
+
+
 def run(trace_paths) -> tuple[dict, dict, dict, float]:
     """Every variant on every saved trace, then the ablations at the headline load.
 
@@ -128,14 +158,7 @@ def run(trace_paths) -> tuple[dict, dict, dict, float]:
 
     def sim(key, variant, knob):
         start = time.perf_counter()
-        cfg = HiStateConfig(time_weight=knob) if variant == "histate" else HiStateConfig(
-            marconi_alpha=knob)  # fmt: skip
-        if variant == "histate":  # the device-pool release is modelled for HiState
-            cfg = HiStateConfig(time_weight=knob, release_device_snapshots=True)
-        if variant == KEEP_DEVICE:  # ablation: snapshots keep their device copies
-            cfg = HiStateConfig(release_device_snapshots=False)
-        policy_cls = IssueScorePolicy if variant == ISSUE_SCORE else None
-        cost = dataclasses.replace(COST, host_bytes=10**15) if variant == UNBOUNDED else COST
+        cfg, cost, policy_cls = variant_setup(variant, knob)
         results[(*key, variant, knob)] = simulate(
             loaded[key], cost, "histate" if variant in ABLATIONS else variant, cfg, policy_cls
         )
@@ -170,15 +193,18 @@ def build_result(results, seconds, sizes, head, args) -> BenchResult:
     rates = {name: sorted({k[1] for k in results if k[0] == name}) for name in TRACES}
     mid_bfcl = rates["bfcl"][len(rates["bfcl"]) // 2]
     variants: dict[str, dict] = {}
+    configs: dict[str, dict] = {}
     for trace, rate in (("agentic", head), ("bfcl", mid_bfcl)):
         for v in VARIANTS:
             variants[f"{trace}@{rate:g}:{v}"] = _shown(results[(trace, rate, v, 1.0)])
+            configs[f"{trace}@{rate:g}:{v}"] = variant_config(v, 1.0)
     for (trace, rate, v, knob), m in sorted(results.items()):
-        if v in ABLATIONS:
-            variants[f"{trace}@{rate:g}:{v}"] = _shown(m)
-        elif knob != 1.0:
-            name = "w" if v == "histate" else "alpha"
-            variants[f"{trace}@{rate:g}:{v}({name}={knob:g})"] = _shown(m)
+        name = f"{trace}@{rate:g}:{v}"
+        if v not in ABLATIONS and knob != 1.0:
+            name += f"({'w' if v == 'histate' else 'alpha'}={knob:g})"
+        elif v not in ABLATIONS:
+            continue
+        variants[name], configs[name] = _shown(m), variant_config(v, knob)
     series = {}
     for trace in TRACES:
         for v in VARIANTS:
@@ -192,15 +218,17 @@ def build_result(results, seconds, sizes, head, args) -> BenchResult:
         name=NAME,
         description=describe(results, rates, head, ours / base, alpha),
         variants=variants,
-        headline=make_headline(
+        headline=headline_from_rounds(
             f"agentic@{head:g} {METRIC}",
-            ours,
-            base,
+            [ours],
+            [base],
             f"marconi(alpha={alpha:g})",
             higher_is_better=False,
             target=TARGET,
         ),
         fingerprint=collect_fingerprint(),
+        command=command_line("benchmarks.histate.sim", args.argv),
+        variant_configs=configs,
         config={
             "cost_model": COST.describe(),
             "policy_config": dataclasses.asdict(HiStateConfig()),
@@ -264,8 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/6 of the sessions: a smoke run")
     parser.add_argument("--trace-dir", default="tmp/histate_traces")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
+    args.argv = argv
     paths = make_traces(Path(args.trace_dir), args.quick)
     results, seconds, sizes, head = run(paths)
     result = build_result(results, seconds, sizes, head, args)

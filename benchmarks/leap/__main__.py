@@ -39,13 +39,18 @@ FCFS through the same LeapScheduler (only the source of predictions differs):
   predictions cost the schedule;
 - ``oracle``: true lengths as hints (upper bound).
 
+Every variant, plain vLLM included, is driven by vllm_ext's load generator rather
+than ``vllm bench serve``, so that all get the very same requests, arrivals and
+hints and every request's latency is kept.
+
 Also: predictor quality (MAE in log space, Kendall tau) on the test prompts,
 predictor CPU cost, and a drift replay (calibrated on ShareGPT, served
 HumanEval + BFCL prompts) of the static head vs RLS.
 
 Run: ``python -m benchmarks.leap`` (~15 min on 2 cores, most of it recording probe
 vectors and greedy lengths, which later runs with the same inputs reuse from
-``--record-cache``); ``--quick`` for a smoke run.
+``--record-cache``); ``--quick`` for a smoke run. The headline run and its exact
+arguments are listed in ``benchmarks/suite.py`` (``make bench-leap``).
 """
 
 from __future__ import annotations
@@ -63,29 +68,30 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.leap import drift, encoder
+from benchmarks.leap.serve import (
+    LOADER_NOTE,
+    MAX_NUM_SEQS,
+    METRIC,
+    serve_all,
+    variant_configs,
+)
 from vllm_ext.assets import model_path
 from vllm_ext.bench import (
+    OUT_DIR,
     BenchResult,
-    GpuPowerSampler,
     collect_fingerprint,
+    command_line,
+    headline_from_rounds,
     headline_text,
-    make_headline,
-    run_trace_sync,
-    summarize,
     write_result,
 )
-from vllm_ext.bench.loadgen import Request, poisson_arrivals
-from vllm_ext.common.config import config_block
 from vllm_ext.leap.calibrate import load_prompts
-from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
 from vllm_ext.leap.refine import fit_refine, refine_rows
 from vllm_ext.leap.ridge_cv import choose_alpha
-from vllm_ext.serving import CPU_SERVE_ARGS, VllmServer
 
 NAME = "leap_sharegpt"
-METRIC = "mean_per_token_latency_s"
 BASELINES = ("fcfs", "prompt_sf", "encoder")
 VARIANTS = (
     *BASELINES,
@@ -104,7 +110,7 @@ VARIANTS = (
 )
 # the headline compares leap with the best baseline and with the oracle
 REQUIRED = (*BASELINES, "leap", "oracle")
-HINT = "leap_predicted_tokens"
+REFINED = ("leap_refine", "leap_refine_margin0")
 
 
 def _record_in_subprocess(model: Path, prompts: list[str], args, out: Path) -> dict:
@@ -271,88 +277,6 @@ def _fit_refine(
     }
 
 
-def _serve(model: Path, spec: dict, log: Path, dtype: str) -> VllmServer:
-    args = [*CPU_SERVE_ARGS, "--max-num-seqs", "4", "--served-model-name", "smollm2"]
-    args += ["--dtype", dtype]
-    if not spec.get("plugins"):
-        return VllmServer(str(model), args, launcher="vllm", log_path=log)
-    args += ["--plugins", "leap"]
-    if spec.get("config"):
-        # variants list LeapConfig fields; users write experimental ones nested
-        leap = config_block(LeapConfig, spec["config"]["leap"])
-        args += ["--additional-config", json.dumps({"leap": leap})]
-    return VllmServer(str(model), args, launcher="vllm-ext", log_path=log)
-
-
-def _requests(prompts, hints, rate, max_tokens, seed=1) -> list[Request]:
-    arrivals = poisson_arrivals(len(prompts), rate, seed=seed)
-    out = []
-    for i, (prompt, t) in enumerate(zip(prompts, arrivals, strict=True)):
-        extra = {"vllm_xargs": {HINT: float(hints[i])}} if hints is not None else {}
-        out.append(
-            Request(
-                id=f"t{i}",
-                messages=[{"role": "user", "content": prompt}],
-                max_tokens=max_tokens,
-                arrival_s=t,
-                extra_body=extra,
-            )
-        )
-    return out
-
-
-def _leap_counters(server: VllmServer) -> dict[str, float]:
-    from vllm_ext.demo import extension_counters
-
-    return {k.split(":", 1)[1]: v for k, v in extension_counters(server.get("/metrics")).items()}
-
-
-def serve_all(model, variants, prompts, rates, args, logs) -> tuple[dict, dict, dict]:
-    """Every variant on the same trace, ``args.repeats`` rounds; medians over the rounds.
-
-    Rounds go round-robin over the variants (a fresh server each time, so no
-    prefix cache or online state carries over), so a machine that slows down
-    mid-run slows every variant alike. Each point keeps the metric of every
-    round as ``<metric>_runs``.
-    """
-    runs: dict[str, list[dict]] = {}
-    rounds: dict[str, list[dict]] = {}
-    power = {}
-    for round_ in range(args.repeats):
-        for name, spec in variants.items():
-            log = logs / f"{name}-{round_}.log"
-            with _serve(model, spec, log, args.dtype) as server, GpuPowerSampler() as sampler:
-                points = []
-                for rate in rates:
-                    reqs = _requests(prompts, spec.get("hints"), rate, args.max_tokens)
-                    records = run_trace_sync(
-                        server.base_url, "smollm2", reqs, desc=f"{name} rate={rate:g} #{round_}"
-                    )
-                    point = {"request_rate": rate, **summarize(records)}
-                    point["output_tokens_mean"] = float(np.mean([r.output_tokens for r in records]))
-                    points.append(point)
-                runs.setdefault(name, []).append(_leap_counters(server))
-            rounds.setdefault(name, []).append(points)
-            power[name] = sampler.summary()
-    series = {
-        name: [_median_point(list(p)) for p in zip(*r, strict=True)] for name, r in rounds.items()
-    }
-    counters = {name: _median_point(c) for name, c in runs.items()}
-    return series, counters, power
-
-
-def _median_point(points: list[dict]) -> dict:
-    """Per key, the median over rounds of numeric values (others from the first round)."""
-    out = {}
-    for key, first in points[0].items():
-        values = [p.get(key) for p in points]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        out[key] = float(np.median(values)) if numeric else first
-    if len(points) > 1 and METRIC in out:
-        out[f"{METRIC}_runs"] = [p[METRIC] for p in points]
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", type=int, default=192)
@@ -389,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--pooling", default="last")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     parser.add_argument(
         "--name",
         default=NAME,
@@ -455,16 +379,30 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     refine_weights = work / "leap_refine.npz"
-    quality["leap_refine"] = _fit_refine(rec, n_cal, n_test, leap_model, leap_alpha, refine_weights)
+    if _has_decode_probes(rec, n_cal, n_test):
+        quality["leap_refine"] = _fit_refine(
+            rec, n_cal, n_test, leap_model, leap_alpha, refine_weights
+        )
+    elif chosen & set(REFINED):
+        parser.error(f"{sorted(chosen & set(REFINED))} need --max-tokens > --refine-every")
     variants = {
         k: v for k, v in _variants(weights, refine_weights, hints, args).items() if k in chosen
     }
     series, counters, power = serve_all(model, variants, test, rates, args, work)
     result = _result(args, rates, series, counters, power, quality, cost, drift_result)
+    result.command = command_line("benchmarks.leap", argv)
+    result.variant_configs = variant_configs(variants, args.dtype)
     write_result(result, args.out)
     h = result.headline
     sys.stdout.write(headline_text(h, "leap"))
     return 0
+
+
+def _has_decode_probes(rec: dict, n_cal: int, n_test: int) -> bool:
+    """Whether calibration and test requests both ran long enough to be probed while decoding."""
+    requests = rec["decode_request"]
+    test = (requests >= n_cal) & (requests < n_cal + n_test)
+    return bool(np.any(requests < n_cal) and np.any(test))
 
 
 def _result(args, rates, series, counters, power, quality, cost, drift_result) -> BenchResult:
@@ -491,12 +429,12 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
     cost["encoder_share_of_step_time"] = cost["encoder_s_per_request"] / decode_s
     return BenchResult(
         name=args.name,
-        description=__doc__.split("\n\n")[0],
+        description=f"{__doc__.split(chr(10) * 2)[0]} {LOADER_NOTE}",
         variants=top,
-        headline=make_headline(
+        headline=headline_from_rounds(
             METRIC,
-            top["leap"][METRIC],
-            top[best][METRIC],
+            top["leap"][f"{METRIC}_runs"],
+            top[best][f"{METRIC}_runs"],
             best,
             higher_is_better=False,
             target="ratio <= 0.75 vs best non-oracle baseline; within 15% "
@@ -510,13 +448,14 @@ def _result(args, rates, series, counters, power, quality, cost, drift_result) -
         config={
             "model": "SmolLM2-135M-Instruct",
             "dtype": args.dtype,
-            "max_num_seqs": 4,
+            "max_num_seqs": MAX_NUM_SEQS,
             "rates": rates,
             "calibration_prompts": args.calibration,
             "test_requests": args.requests,
             "max_tokens": args.max_tokens,
             "max_wait_s": args.max_wait_s,
             "repeats": args.repeats,
+            "quick": args.quick,
             "layer": args.layer,
             "pooling": args.pooling,
             "predictor_cost": cost,

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from benchmarks.leap import encoder
 from benchmarks.leap.__main__ import _cached_record, benchmark_prompts
 from vllm_ext.assets import model_path
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import OUT_DIR, BenchResult, collect_fingerprint, make_headline, write_result
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import summarize_predictions
 from vllm_ext.leap.ridge_cv import choose_alpha
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drift", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--record-cache", default="tmp/leap_record")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
     model = model_path("smollm2")
     work = Path(tempfile.mkdtemp(prefix="bench-leap-ablation-"))

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from vllm_ext.bench import (
+    OUT_DIR,
     BenchResult,
     collect_fingerprint,
     load_result,
@@ -257,7 +258,7 @@ def build(config_path: Path, device: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, help="SmolLM2 config.json")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--prefill", default="8x256,32x64", help="PROMPTSxTOKENS steps")
     parser.add_argument("--decode", default="8,64,256", help="decode batch sizes")

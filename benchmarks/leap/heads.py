@@ -17,7 +17,7 @@ is not there), by fitting other heads to the same vectors and labels:
 Every head is scored out of fold (8 folds, the same for all). For the
 alternatives the best setting of a small grid is reported, picked on the same
 folds, so their figures are optimistic; LEAP's ridge gets no such help. Data:
-the recording of the served benchmark (``leap_sharegpt_512_cal512_x3``: probe
+the recording of the served benchmark (``leap_sharegpt_512_cal512_next_step_x2``: probe
 vectors of layer 15 and greedy output lengths), its 544 ShareGPT prompts.
 Needs the ``bench`` extra (scikit-learn).
 
@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from benchmarks.leap.__main__ import _cached_record, benchmark_prompts
 from vllm_ext.assets import model_path
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import OUT_DIR, BenchResult, collect_fingerprint, make_headline, write_result
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import kendall_tau, mae_log
 from vllm_ext.leap.ridge_cv import choose_alpha, fold_parts
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--record-cache", default="tmp/leap_record")
     parser.add_argument("--folds", type=int, default=8)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
     recording = SimpleNamespace(layer=None, pooling="last", refine_every=32, **vars(args))
     model = model_path("smollm2")

@@ -60,7 +60,7 @@ from tqdm import tqdm
 
 from benchmarks.leap.__main__ import _cached_record, _prompt_tokens, benchmark_prompts
 from vllm_ext.assets import model_path
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import OUT_DIR, BenchResult, collect_fingerprint, make_headline, write_result
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.loops import first_loop
 from vllm_ext.leap.policy import LeapPolicy, RequestView
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-bursts", type=int, default=30)
     parser.add_argument("--sigmas", default="0,0.25,0.5,0.75,1.0")
     parser.add_argument("--slots", type=int, default=4)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
     recording = SimpleNamespace(layer=None, pooling="last", refine_every=32, **vars(args))
     model = model_path("smollm2")

@@ -26,7 +26,16 @@ import numpy as np
 from tqdm import tqdm
 
 from vllm_ext.assets import model_path
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import (
+    OUT_DIR,
+    BenchResult,
+    collect_fingerprint,
+    command_line,
+    headline_from_rounds,
+    scrub,
+    write_result,
+)
+from vllm_ext.bench.provenance import resolve_system_config
 
 NAME = "leap_sched_overhead"
 MODEL = "smollm2"
@@ -42,6 +51,15 @@ def variants(weights: str) -> dict[str, dict | None]:
         "leap_no_loops": {**leap, "loops": "off"},  # what reading outputs for loops costs
         "leap_rls_thread": {**leap, "rls_thread": True},
     }
+
+
+def variant_configs(weights: str, args) -> dict[str, dict]:
+    """Engine arguments and resolved LeapConfig of every variant."""
+    out = {}
+    for name, leap in variants(weights).items():
+        systems = {} if leap is None else {"leap": resolve_system_config("leap", leap)}
+        out[name] = {"engine_kwargs": scrub(_engine_kwargs(leap, args)), "systems": systems}
+    return out
 
 
 def _requests(args) -> list[tuple[list[int], int]]:
@@ -205,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu-step-ms", type=float, default=4.3, help="GPU step to compare with (leap_gpu_probe)"
     )
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=OUT_DIR)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     weights = str(model_path("leap-smollm2") / "weights.npz")
@@ -225,15 +243,17 @@ def main(argv: list[str] | None = None) -> int:
         name=NAME,
         description=__doc__.split("\n\n")[0],
         variants=rows,
-        headline=make_headline(
+        headline=headline_from_rounds(
             "scheduler_ms",
-            rows["leap"]["scheduler_ms"],
-            base,
+            [r["scheduler_ms"] for r in runs["leap"]],
+            [r["scheduler_ms"] for r in runs["vllm_fcfs"]],
             "vllm_fcfs",
             higher_is_better=False,
             target=f"LEAP's extra scheduler time < 1% of a {args.gpu_step_ms} ms GPU step",
         ),
         fingerprint=collect_fingerprint(),
+        command=command_line("benchmarks.leap.sched_overhead", argv),
+        variant_configs=variant_configs(weights, args),
         plot_metric="scheduler_ms",
         config={k: v for k, v in vars(args).items() if k != "out"} | {"model": MODEL},
     )

@@ -13,14 +13,17 @@ import pytest
 
 from vllm_ext.bench import (
     HEADLINE_KEYS,
+    ROUND_KEYS,
     BenchResult,
     GpuPowerSampler,
     collect_fingerprint,
+    headline_from_rounds,
     load_result,
     make_headline,
     median_metrics,
     percentile,
     poisson_arrivals,
+    spread,
     summarize,
     validate_headline,
     write_result,
@@ -41,7 +44,6 @@ def fingerprint() -> dict:
 def test_fingerprint_has_required_sections(fingerprint: dict) -> None:
     for key in (
         "timestamp_utc",
-        "hostname",
         "python",
         "os",
         "cpu",
@@ -239,6 +241,42 @@ def test_make_headline_ratio_and_keys() -> None:
     assert make_headline("ttft_p50_s", 1.0, 0.0, "b", False)["ratio"] is None
 
 
+def test_spread_of_rounds() -> None:
+    s = spread([0.3, float("nan"), 0.1, 0.2, None, 0.5])
+    assert s == pytest.approx(
+        {"n": 4, "median": 0.25, "min": 0.1, "max": 0.5, "q1": 0.175, "q3": 0.35}
+    )
+    assert spread([])["median"] is None and spread([])["n"] == 0
+
+
+def test_headline_from_rounds_quotes_medians_with_their_spread() -> None:
+    h = headline_from_rounds("ttft_p99_s", [3.0, 1.0, 2.0], [4.0, 8.0, 6.0], "native", False, "< 1")
+    assert set(h) == HEADLINE_KEYS | ROUND_KEYS | {"ratio_spread"}
+    assert (h["ours"], h["baseline"]) == (2.0, 6.0)
+    assert h["ratio"] == pytest.approx(2.0 / 6.0)  # ratio of the medians
+    assert h["rounds"] == 3
+    assert h["ours_per_round"] == [3.0, 1.0, 2.0] and h["baseline_per_round"] == [4.0, 8.0, 6.0]
+    assert h["ours_spread"] == [1.0, 3.0] and h["baseline_spread"] == [4.0, 8.0]
+    assert h["ratio_spread"] == pytest.approx([1.0 / 8.0, 3.0 / 4.0])  # round by round
+    unpaired = headline_from_rounds("q_per_s", [1.0, 2.0], [1.0], "apc", True, paired=False)
+    assert "ratio_spread" not in unpaired and unpaired["rounds"] == 2
+    validate_headline(unpaired)
+
+
+def test_round_headline_validation_catches_inconsistent_values() -> None:
+    h = headline_from_rounds("m", [1.0, 2.0, 3.0], [2.0, 2.0, 2.0], "b", False)
+    with pytest.raises(ValueError, match="missing"):
+        validate_headline({k: v for k, v in h.items() if k != "ours_spread"})
+    with pytest.raises(ValueError, match="median"):
+        validate_headline({**h, "ours": 3.0, "ratio": 1.5})  # best round, not the median
+    with pytest.raises(ValueError, match="spread"):
+        validate_headline({**h, "ours_spread": [1.5, 3.0]})
+    with pytest.raises(ValueError, match="rounds"):
+        validate_headline({**h, "rounds": 5})
+    with pytest.raises(ValueError, match="finite"):
+        headline_from_rounds("m", [1.0, float("nan")], [1.0, 1.0], "b", False)
+
+
 def test_headline_validation_rejects_bad_keys() -> None:
     h = make_headline("m", 2.0, 4.0, "base", False, None)
     missing = {k: v for k, v in h.items() if k != "target"}
@@ -286,6 +324,7 @@ def test_write_and_load_result_round_trip(tmp_path) -> None:
     raw = json.loads(paths["json"].read_text())
     assert set(raw["headline"]) == HEADLINE_KEYS
     assert raw["fingerprint"]["cpu"]["model"]
+    assert raw["command"] == result.command and raw["command"].startswith("python ")
     loaded = load_result(paths["json"])
     assert loaded.to_dict() == result.to_dict()
     write_result(loaded, out_dir=tmp_path / "again", plot=False)

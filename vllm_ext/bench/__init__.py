@@ -2,9 +2,12 @@
 statistics, result files (JSON + markdown + PNG) and result comparison.
 
 Every benchmark runs its baselines and ours on the same requests in one run,
-reports medians and ratios, and writes ``benchmarks/results/<name>.json``
-through :func:`write_result`. Importing this package is cheap: vllm, torch,
-openai, pynvml, tqdm and matplotlib are imported lazily where used.
+reports medians over rounds with their spread (:func:`headline_from_rounds`),
+records its command line and each variant's resolved config, and writes
+``benchmarks/out/<name>.json`` through :func:`write_result`
+(``python -m benchmarks.promote`` copies a clean run to ``benchmarks/results/``).
+Importing this package is cheap: vllm, torch, openai, pynvml, tqdm and
+matplotlib are imported lazily where used.
 """
 
 from __future__ import annotations
@@ -20,19 +23,31 @@ from vllm_ext.bench.loadgen import (
     run_trace_sync,
 )
 from vllm_ext.bench.power import GpuPowerSampler
-from vllm_ext.bench.report import headline_text
+from vllm_ext.bench.provenance import command_line, scrub, serve_config
+from vllm_ext.bench.report import OUT_DIR, headline_text, write_result
 from vllm_ext.bench.results import (
     HEADLINE_KEYS,
+    ROUND_KEYS,
     BenchResult,
+    headline_from_rounds,
     load_result,
     make_headline,
     validate_headline,
-    write_result,
 )
-from vllm_ext.bench.stats import mean, median, median_metrics, percentile, ratio, summarize
+from vllm_ext.bench.stats import (
+    mean,
+    median,
+    median_metrics,
+    percentile,
+    ratio,
+    spread,
+    summarize,
+)
 
 __all__ = [
     "HEADLINE_KEYS",
+    "OUT_DIR",
+    "ROUND_KEYS",
     "BenchResult",
     "Diff",
     "GpuPowerSampler",
@@ -40,9 +55,11 @@ __all__ = [
     "RequestRecord",
     "assign_arrivals",
     "collect_fingerprint",
+    "command_line",
     "compare",
     "fingerprint_summary",
     "format_diffs",
+    "headline_from_rounds",
     "headline_text",
     "key_fields",
     "load_result",
@@ -57,6 +74,9 @@ __all__ = [
     "regressions",
     "run_trace",
     "run_trace_sync",
+    "scrub",
+    "serve_config",
+    "spread",
     "summarize",
     "validate_headline",
     "write_result",

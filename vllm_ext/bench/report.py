@@ -1,5 +1,6 @@
-"""Markdown table and PNG plot of a :class:`BenchResult`.
+"""Markdown table and PNG plot of a :class:`BenchResult`, and writing the three files.
 
+This module depends on :mod:`vllm_ext.bench.results`, never the reverse.
 matplotlib is imported lazily with the non-interactive ``Agg`` backend.
 """
 
@@ -8,12 +9,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from vllm_ext.bench.fingerprint import fingerprint_summary
+from vllm_ext.bench.results import BenchResult, dumps_result
 
-if TYPE_CHECKING:
-    from vllm_ext.bench.results import BenchResult
+# where runs write; ``python -m benchmarks.promote`` copies a clean run to benchmarks/results/
+OUT_DIR = "benchmarks/out"
 
 logger = logging.getLogger(__name__)
 
@@ -44,23 +47,42 @@ def numeric_metric_names(variants: dict[str, dict[str, Any]]) -> list[str]:
     return [n for n in names if any(_is_number(m.get(n)) for m in variants.values())]
 
 
+def with_spread(h: dict[str, Any], side: str) -> str:
+    """``h[side]`` and, when measured over rounds, its ``[min-max]`` range."""
+    text = format_value(h[side])
+    lo_hi = h.get(f"{side}_spread")
+    if lo_hi and h.get("rounds", 1) > 1:
+        text += f" [{format_value(lo_hi[0])}-{format_value(lo_hi[1])}]"
+    return text
+
+
+def _rounds_text(h: dict[str, Any]) -> str:
+    if "rounds" not in h:
+        return ""
+    text = f"; median of {h['rounds']} round{'s' if h['rounds'] != 1 else ''}"
+    if h.get("ratio_spread") and h["rounds"] > 1:
+        lo, hi = h["ratio_spread"]
+        text += f", per-round ratio {format_value(lo)}-{format_value(hi)}"
+    return text
+
+
 def _headline_line(h: dict[str, Any]) -> str:
     """Markdown sentence describing the headline."""
     direction = "higher is better" if h["higher_is_better"] else "lower is better"
     ratio = format_value(h["ratio"])
     return (
-        f"**Headline:** `{h['metric']}` ours {format_value(h['ours'])} vs "
-        f"{h['baseline_name']} {format_value(h['baseline'])} -> ratio "
-        f"{ratio}x ({direction}; target {format_value(h['target'])})"
+        f"**Headline:** `{h['metric']}` ours {with_spread(h, 'ours')} vs "
+        f"{h['baseline_name']} {with_spread(h, 'baseline')} -> ratio "
+        f"{ratio}x ({direction}; target {format_value(h['target'])}{_rounds_text(h)})"
     )
 
 
 def headline_text(h: dict[str, Any], ours_name: str = "ours") -> str:
     """One plain-text line for a benchmark's stdout: metric, both values, ratio, target."""
     return (
-        f"{h['metric']}: {ours_name} {format_value(h['ours'])} vs {h['baseline_name']} "
-        f"{format_value(h['baseline'])} (ratio {format_value(h['ratio'])}); "
-        f"target {format_value(h['target'])}\n"
+        f"{h['metric']}: {ours_name} {with_spread(h, 'ours')} vs {h['baseline_name']} "
+        f"{with_spread(h, 'baseline')} (ratio {format_value(h['ratio'])}); "
+        f"target {format_value(h['target'])}{_rounds_text(h)}\n"
     )
 
 
@@ -88,6 +110,8 @@ def render_markdown(result: BenchResult) -> str:
             lines += [f"## {variant} by {axis}", ""]
             lines += _table([[format_value(p.get(c)) for c in cols] for p in points], cols) + [""]
     lines += [f"_Environment:_ {fingerprint_summary(result.fingerprint)}", ""]
+    if result.command:
+        lines += [f"_Command:_ `{result.command}`", ""]
     power_line = _power_line(result.power)
     if power_line:
         lines += [power_line, ""]
@@ -172,3 +196,26 @@ def render_plot(result: BenchResult, path: str | os.PathLike[str]) -> None:
         fig.savefig(os.fspath(path))
     finally:
         plt.close(fig)
+
+
+def write_result(
+    result: BenchResult,
+    out_dir: str | os.PathLike[str] = OUT_DIR,
+    *,
+    plot: bool = True,
+) -> dict[str, Path]:
+    """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` to ``out_dir``.
+
+    Returns ``{"json": path, "md": path, "png": path}`` (no ``png`` when
+    ``plot=False``).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{result.name}.json", "md": out / f"{result.name}.md"}
+    paths["json"].write_text(dumps_result(result), encoding="utf-8")
+    paths["md"].write_text(render_markdown(result), encoding="utf-8")
+    if plot:
+        paths["png"] = out / f"{result.name}.png"
+        render_plot(result, paths["png"])
+    logger.info("wrote benchmark result %s to %s", result.name, out)
+    return paths

@@ -1,9 +1,12 @@
 """Benchmark result container, headline validation and JSON persistence.
 
-Every benchmark writes ``benchmarks/results/<name>.json`` (stable, sorted,
+Every benchmark writes ``benchmarks/out/<name>.json`` (stable, sorted,
 reloadable with :func:`load_result`) plus a markdown table and a PNG plot
-(see :mod:`vllm_ext.bench.report`). The JSON carries a ``headline`` with
-exactly the keys in :data:`HEADLINE_KEYS`.
+(:func:`vllm_ext.bench.report.write_result`); ``python -m benchmarks.promote``
+copies a clean run into ``benchmarks/results/``. The JSON carries a
+``headline`` with the keys in :data:`HEADLINE_KEYS` and, when it was measured
+over rounds, those in :data:`ROUND_KEYS` (:func:`headline_from_rounds`), the
+command line that made it and every variant's resolved config.
 """
 
 from __future__ import annotations
@@ -14,16 +17,25 @@ import logging
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_ext.bench.provenance import current_command
+from vllm_ext.bench.stats import spread
+
 logger = logging.getLogger(__name__)
 
-RESULT_SCHEMA = 1
+RESULT_SCHEMA = 2
 HEADLINE_KEYS = frozenset(
     {"metric", "ours", "baseline", "baseline_name", "ratio", "higher_is_better", "target"}
 )
+# a headline measured over rounds also carries these (ours/baseline are then the medians)
+ROUND_KEYS = frozenset(
+    {"rounds", "ours_per_round", "baseline_per_round", "ours_spread", "baseline_spread"}
+)
+# present when ours and baseline ran in the same rounds (paired): the per-round ratio's range
+PAIRED_KEYS = frozenset({"ratio_spread"})
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -60,13 +72,60 @@ def make_headline(
     return headline
 
 
+def headline_from_rounds(
+    metric: str,
+    ours_per_round: Sequence[float],
+    baseline_per_round: Sequence[float],
+    baseline_name: str,
+    higher_is_better: bool,
+    target: Any = None,
+    *,
+    paired: bool = True,
+) -> dict[str, Any]:
+    """A headline whose ours/baseline are the medians of per-round values, with their spread.
+
+    ``paired``: round ``i`` of ours and of the baseline ran together (the same
+    round of a round-robin), so the per-round ratios are meaningful and their
+    range is stored as ``ratio_spread``. The ratio itself is the ratio of the
+    medians.
+    """
+    ours_runs, base_runs = _numbers(ours_per_round, "ours"), _numbers(baseline_per_round, "base")
+    ours, base = spread(ours_runs), spread(base_runs)
+    headline = make_headline(
+        metric, ours["median"], base["median"], baseline_name, higher_is_better, target
+    )
+    headline.update(
+        rounds=len(ours_runs),
+        ours_per_round=ours_runs,
+        baseline_per_round=base_runs,
+        ours_spread=[ours["min"], ours["max"]],
+        baseline_spread=[base["min"], base["max"]],
+    )
+    if paired and len(ours_runs) == len(base_runs) and all(base_runs):
+        ratios = [o / b for o, b in zip(ours_runs, base_runs, strict=True)]
+        headline["ratio_spread"] = [min(ratios), max(ratios)]
+    validate_headline(headline)
+    return headline
+
+
+def _numbers(values: Sequence[float], what: str) -> list[float]:
+    out = [float(v) for v in values if _is_number(v) and math.isfinite(v)]
+    if not out or len(out) != len(values):
+        raise ValueError(f"{what} per-round values must be finite numbers, got {list(values)!r}")
+    return out
+
+
 def validate_headline(headline: Mapping[str, Any]) -> None:
-    """Raise ValueError unless ``headline`` has exactly the required keys
-    with sensible types and a consistent ratio."""
+    """Raise ValueError unless ``headline`` has the required keys (and, if measured
+    over rounds, all of :data:`ROUND_KEYS` consistent with its medians), sensible
+    types and a consistent ratio."""
     if not isinstance(headline, Mapping):
         raise ValueError("headline must be a mapping")
     keys = set(headline)
-    missing, extra = HEADLINE_KEYS - keys, keys - HEADLINE_KEYS
+    missing = HEADLINE_KEYS - keys
+    if keys & ROUND_KEYS:
+        missing |= ROUND_KEYS - keys
+    extra = keys - HEADLINE_KEYS - ROUND_KEYS - PAIRED_KEYS
     if missing or extra:
         raise ValueError(f"headline keys wrong: missing={sorted(missing)} extra={sorted(extra)}")
     if not isinstance(headline["metric"], str) or not headline["metric"]:
@@ -80,6 +139,21 @@ def validate_headline(headline: Mapping[str, Any]) -> None:
         raise ValueError("headline ours/baseline must be numbers")
     if base and not (_is_number(ratio) and math.isclose(ratio, ours / base, rel_tol=1e-9)):
         raise ValueError(f"headline ratio {ratio!r} != ours/baseline {ours / base!r}")
+    if "rounds" in headline:
+        _validate_rounds(headline)
+
+
+def _validate_rounds(h: Mapping[str, Any]) -> None:
+    """Medians and spreads must be those of the stored per-round values."""
+    if not isinstance(h["rounds"], int) or h["rounds"] != len(h["ours_per_round"]):
+        raise ValueError(f"headline rounds {h['rounds']!r} != len(ours_per_round)")
+    for side in ("ours", "baseline"):
+        runs = h[f"{side}_per_round"]
+        s = spread(runs)
+        if not math.isclose(h[side], s["median"], rel_tol=1e-9):
+            raise ValueError(f"headline {side} {h[side]!r} is not the median of {runs!r}")
+        if list(h[f"{side}_spread"]) != [s["min"], s["max"]]:
+            raise ValueError(f"headline {side}_spread is not [min, max] of {runs!r}")
 
 
 @dataclasses.dataclass
@@ -102,6 +176,8 @@ class BenchResult:
     series: dict[str, list[dict[str, Any]]] = dataclasses.field(default_factory=dict)
     sweep_axis: str | None = None
     plot_metric: str | None = None
+    command: str | None = dataclasses.field(default_factory=current_command)
+    variant_configs: dict[str, Any] = dataclasses.field(default_factory=dict)
     schema: int = RESULT_SCHEMA
 
     def __post_init__(self) -> None:
@@ -120,9 +196,13 @@ class BenchResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BenchResult:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
+        """Inverse of :meth:`to_dict`; unknown keys are ignored (a result written
+        before a key existed loads with its default, its command with None)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        kwargs = {k: v for k, v in data.items() if k in names}
+        kwargs.setdefault("command", None)
+        kwargs.setdefault("schema", 1)
+        return cls(**kwargs)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -152,32 +232,7 @@ def dumps_result(result: BenchResult) -> str:
     return json.dumps(result.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
-def write_result(
-    result: BenchResult,
-    out_dir: str | os.PathLike[str] = "benchmarks/results",
-    *,
-    plot: bool = True,
-) -> dict[str, Path]:
-    """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` to ``out_dir``.
-
-    Returns ``{"json": path, "md": path, "png": path}`` (no ``png`` when
-    ``plot=False``).
-    """
-    from vllm_ext.bench.report import render_markdown, render_plot
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{result.name}.json", "md": out / f"{result.name}.md"}
-    paths["json"].write_text(dumps_result(result), encoding="utf-8")
-    paths["md"].write_text(render_markdown(result), encoding="utf-8")
-    if plot:
-        paths["png"] = out / f"{result.name}.png"
-        render_plot(result, paths["png"])
-    logger.info("wrote benchmark result %s to %s", result.name, out)
-    return paths
-
-
 def load_result(path: str | os.PathLike[str]) -> BenchResult:
-    """Load a result written by :func:`write_result`."""
+    """Load a result written by :func:`vllm_ext.bench.report.write_result`."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     return BenchResult.from_dict(data)

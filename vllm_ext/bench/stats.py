@@ -155,3 +155,23 @@ def median_metrics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             out[key] = next(v for v in vals if v is not None)
     out["n_runs"] = len(runs)
     return out
+
+
+def spread(values: Sequence[Any]) -> dict[str, Any]:
+    """Median and spread of per-round values: ``n``, ``median``, ``min``, ``max``, ``q1``, ``q3``.
+
+    Non-finite or missing values are dropped first; every statistic is None
+    when nothing is left. A headline quotes the median with ``[min, max]``
+    (with 3 rounds the quartiles say little more).
+    """
+    data = _clean(values)
+    if not data:
+        return {"n": 0, "median": None, "min": None, "max": None, "q1": None, "q3": None}
+    return {
+        "n": len(data),
+        "median": percentile(data, 50),
+        "min": min(data),
+        "max": max(data),
+        "q1": percentile(data, 25),
+        "q3": percentile(data, 75),
+    }

@@ -1,0 +1,306 @@
+"""Every system's headline benchmark in one list, and the runner behind ``make bench``.
+
+``SUITE`` names, per result, the system, the module, the full arguments (those
+that made the cited result, with at least 3 rounds) and the quick arguments
+(smaller: fewer requests and rounds). A new system adds one :class:`Entry`.
+
+``python -m benchmarks.suite --quick`` (``make bench``) runs the quick version
+of every headline entry (about 20 minutes on 2 cores) into
+``benchmarks/out/quick/`` and prints one summary table. Quick numbers are a
+smoke test of the whole chain, not the headline results.
+``python -m benchmarks.suite --full --system leap`` (``make bench-leap``) runs
+a system's full headline entries into ``benchmarks/out/``; naming results
+instead (``python -m benchmarks.suite --full leap_replay``) runs those.
+``python -m benchmarks.promote NAME`` then publishes a clean run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import operator
+import shlex
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+OUT = Path("benchmarks/out")
+QUICK_OUT = OUT / "quick"
+MIN_ROUNDS = 3
+QUICK_NOTE = (
+    "QUICK MODE: smaller runs (fewer requests, prompts and rounds) on whatever else this machine "
+    "is doing. These numbers check that every benchmark runs end to end; they are NOT the "
+    "headline results (`make bench-<system>` runs those, `benchmarks/results/` holds them)."
+)
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
+
+
+_OF = {
+    "ratio": lambda h: h["ratio"],
+    "ours": lambda h: h["ours"],
+    "ours - baseline": lambda h: h["ours"] - h["baseline"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """The headline's target as a rule on one of its values (default: the ratio)."""
+
+    op: str
+    value: float
+    of: str = "ratio"
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"goal operator {self.op!r} not in {sorted(_OPS)}")
+        if self.of not in _OF:
+            raise ValueError(f"goal on {self.of!r}; choose from {sorted(_OF)}")
+
+    def met(self, headline: dict[str, Any]) -> bool | None:
+        """Whether ``headline`` meets the goal; None when the value is missing."""
+        try:
+            value = _OF[self.of](headline)
+        except TypeError:  # a None ratio (baseline 0)
+            return None
+        return None if value is None else bool(_OPS[self.op](value, self.value))
+
+    def __str__(self) -> str:
+        return f"{self.of} {self.op} {self.value:.3g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One benchmark result the suite can regenerate.
+
+    ``full``: the arguments of the cited result (``--out`` is added by the
+    runner); ``quick``: a smaller run for ``make bench``, None to leave the
+    entry out of it. ``headline``: ``make bench-<system>`` runs it. ``minutes``:
+    expected (quick, full) minutes on 2 quiet cores, for the progress bar.
+    ``min_rounds``: rounds a promoted headline needs (1 for a deterministic
+    simulation). ``note``: how ``full`` differs from the command that made the
+    result now in ``benchmarks/results/``, if at all.
+    """
+
+    system: str
+    name: str
+    module: str
+    full: tuple[str, ...]
+    quick: tuple[str, ...] | None
+    goal: Goal
+    minutes: tuple[float, float]
+    headline: bool = True
+    min_rounds: int = MIN_ROUNDS
+    note: str = ""
+
+    def args(self, quick: bool) -> tuple[str, ...]:
+        if quick and self.quick is None:
+            raise ValueError(f"{self.name} has no quick mode")
+        return self.quick if quick else self.full
+
+    def command(self, quick: bool, out: Path) -> list[str]:
+        """``python -m <module> <args> --out <out>``."""
+        return ["python", "-m", self.module, *self.args(quick), "--out", str(out)]
+
+
+def _args(text: str) -> tuple[str, ...]:
+    return tuple(shlex.split(text))
+
+
+_LEAP_HEAD = "leap_sharegpt_512_cal512_next_step_x2"
+_LEAP_RATES = "leap_sharegpt_512_cal512_rates"
+_LEAP_512 = "--max-tokens 512 --dtype float32 --calibration 512 --drift 32"
+# quick traces and saved runs apart from the full ones (histate.engine --reuse reads that folder)
+_QUICK_TRACES = "tmp/histate_traces_quick"
+_REPEATS_NOTE = "the cited run had --repeats {}; 3 rounds now"
+
+SUITE: tuple[Entry, ...] = (
+    Entry(
+        system="suite",
+        name="fcfs_sharegpt",
+        module="benchmarks.fcfs_sharegpt",
+        full=_args("--rates 1,4,inf --requests 32 --max-tokens 64 --repeats 3"),
+        quick=_args("--rates inf --requests 16 --max-tokens 64 --repeats 1"),
+        goal=Goal(">=", 0.97),
+        minutes=(2.5, 12),
+        note=_REPEATS_NOTE.format(2),
+    ),
+    Entry(
+        system="leap",
+        name=_LEAP_HEAD,
+        module="benchmarks.leap",
+        full=_args(
+            f"{_LEAP_512} --rates inf --variants leap_next_step --repeats 3 --name {_LEAP_HEAD}"
+        ),
+        quick=_args(
+            "--max-tokens 128 --dtype float32 --calibration 64 --drift 8 --requests 16 "
+            f"--rates inf --variants leap --repeats 1 --name {_LEAP_HEAD}"
+        ),
+        goal=Goal("<=", 0.75),
+        minutes=(7, 90),
+        note=_REPEATS_NOTE.format(2) + " (the name keeps its x2)",
+    ),
+    Entry(
+        system="histate",
+        name="histate_sim",
+        module="benchmarks.histate.sim",
+        full=(),
+        quick=_args(f"--quick --trace-dir {_QUICK_TRACES}"),
+        goal=Goal("<=", 1 / 3),
+        minutes=(1, 12),
+        min_rounds=1,
+    ),
+    Entry(
+        system="histate",
+        name="histate_engine",
+        module="benchmarks.histate.engine",
+        full=_args("--repeats 3"),
+        quick=_args(f"--quick --scenarios agentic --trace-dir {_QUICK_TRACES}"),
+        goal=Goal("<", 1.0),
+        minutes=(6, 180),
+        note="the cited run was one round (--repeats did not exist); 3 rounds now",
+    ),
+    Entry(
+        system="flide",
+        name="flide",
+        module="benchmarks.flide",
+        # the cited result is flide's reduced sweep (its --quick) with 3 timed runs per point
+        full=_args("--quick --repeats 3"),
+        quick=_args("--quick --repeats 1"),
+        goal=Goal(">=", 9.5),
+        minutes=(3, 5),
+    ),
+    Entry(
+        system="leap",
+        name=_LEAP_RATES,
+        module="benchmarks.leap",
+        full=_args(
+            f"{_LEAP_512} --rates 0.12,0.2 --variants leap --repeats 3 --name {_LEAP_RATES}"
+        ),
+        quick=None,
+        goal=Goal("<=", 0.75),
+        minutes=(0, 150),
+        headline=False,
+        note=_REPEATS_NOTE.format(1),
+    ),
+    Entry(
+        system="leap",
+        name="leap_sched_overhead",
+        module="benchmarks.leap.sched_overhead",
+        full=(),
+        quick=None,
+        goal=Goal("<", 0.043, of="ours - baseline"),  # extra ms < 1% of a 4.3 ms GPU step
+        minutes=(0, 20),
+        headline=False,
+    ),
+    Entry(
+        system="leap",
+        name="leap_replay",
+        module="benchmarks.leap.replay",
+        full=(),
+        quick=None,
+        goal=Goal("<=", 1.15),
+        minutes=(0, 10),
+        headline=False,
+        min_rounds=1,
+        note=f"replays the recording made by {_LEAP_HEAD} (same prompts and settings)",
+    ),
+    Entry(
+        system="leap",
+        name="leap_heads",
+        module="benchmarks.leap.heads",
+        full=(),
+        quick=None,
+        goal=Goal(">=", 0.7, of="ours"),  # the tau the replay needs for LEAP within 15%
+        minutes=(0, 10),
+        headline=False,
+        min_rounds=1,
+        note=f"reads the recording made by {_LEAP_HEAD}",
+    ),
+)
+
+
+def by_name(name: str) -> Entry | None:
+    return next((e for e in SUITE if e.name == name), None)
+
+
+def systems() -> list[str]:
+    return sorted({e.system for e in SUITE})
+
+
+def select(quick: bool, system: str | None = None, names: Sequence[str] = ()) -> list[Entry]:
+    """Entries to run: those named, else the system's (or every) headline entry."""
+    if names:
+        unknown = [n for n in names if by_name(n) is None]
+        if unknown:
+            raise ValueError(f"unknown results {unknown}; known: {[e.name for e in SUITE]}")
+        chosen = [e for e in SUITE if e.name in names]
+    else:
+        if system is not None and system not in systems():
+            raise ValueError(f"unknown system {system!r}; known: {systems()}")
+        chosen = [e for e in SUITE if e.headline and system in (None, e.system)]
+    if quick:
+        missing = [e.name for e in chosen if e.quick is None]
+        if missing:
+            raise ValueError(f"{missing} have no quick mode; run them with --full")
+    return chosen
+
+
+def describe(entries: Iterable[Entry]) -> str:
+    """Every entry's full and quick command line (for README and reviewers)."""
+    lines = []
+    for e in entries:
+        how = (
+            f"make bench-{e.system}"
+            if e.headline
+            else f"python -m benchmarks.suite --full {e.name}"
+        )
+        lines.append(f"{e.system} / {e.name} (target {e.goal}; {how})")
+        lines.append(f"  full:  {shlex.join(e.command(False, OUT))}  (~{e.minutes[1]:g} min)")
+        if e.quick is not None:
+            quick = shlex.join(e.command(True, QUICK_OUT))
+            lines.append(f"  quick: {quick}  (~{e.minutes[0]:g} min)")
+        if e.note:
+            lines.append(f"  note:  {e.note}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small runs (the default)")
+    mode.add_argument("--full", action="store_true", help="the headline runs, exact arguments")
+    parser.add_argument("--system", choices=systems(), help="only this system's entries")
+    parser.add_argument("names", nargs="*", help="results to run (default: headline entries)")
+    parser.add_argument("--out", type=Path, help=f"default {QUICK_OUT} (quick), {OUT} (full)")
+    parser.add_argument("--list", action="store_true", help="print the entries and exit")
+    args = parser.parse_args(argv)
+    quick = not args.full
+    if args.list:
+        sys.stdout.write(describe(SUITE))
+        return 0
+    try:
+        entries = select(quick, args.system, args.names)
+    except ValueError as exc:
+        parser.error(str(exc))
+    out = args.out or (QUICK_OUT if quick else OUT)
+    if quick:
+        sys.stdout.write(QUICK_NOTE + "\n")
+    from benchmarks.suite_run import run, summary_rows, summary_table
+
+    start = time.monotonic()
+    failed, seconds = run(entries, quick, out)
+    table = summary_table(summary_rows(entries, out, failed))
+    took = ", ".join(f"{name} {s / 60:.1f}" for name, s in seconds.items())
+    footer = f"\nwall time {(time.monotonic() - start) / 60:.1f} min ({took} min)\n"
+    text = (QUICK_NOTE + "\n\n" if quick else "") + table + footer
+    (out / "summary.md").write_text(text, encoding="utf-8")
+    sys.stdout.write("\n" + table + footer)
+    if quick:
+        sys.stdout.write(QUICK_NOTE + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
