@@ -1,0 +1,5 @@
+import sys
+
+from vllm_ext.acct.cli import main
+
+sys.exit(main())
