@@ -132,10 +132,15 @@ def test_teacher_shares_the_sources_computation(tiny):
     _, _, model = tiny
     converters = Converters(model.shape, 1)
     window = Window("w", _ids(24).numpy(), _ids(6, 1).numpy())
-    t = teacher(model, converters, window)
+    t = teacher(model, converters, window, 2)
     state = AcctPipeline(model, converters, 2).run_source(torch.as_tensor(window.context))
     torch.testing.assert_close(t.features, state.features, atol=1e-6, rtol=0)
     assert t.logits.shape == (6, model.shape.vocab_size)
+    own = own_prefill(model, torch.as_tensor(window.context))
+    torch.testing.assert_close(t.exact[0][1], own[0][1], atol=1e-6, rtol=0)
+    assert set(t.sinks) == set(converters.layers)
+    for j in converters.layers:
+        torch.testing.assert_close(t.sinks[j][1], own[j][1][:, :2], atol=1e-6, rtol=0)
 
 
 def test_kl_training_lowers_the_loss_and_resumes(tiny, tmp_path):
@@ -148,10 +153,12 @@ def test_kl_training_lowers_the_loss_and_resumes(tiny, tmp_path):
         steps=6,
         lr=1e-2,
         checkpoint_every=3,
+        teacher_windows=1,
     )
     window = Window("w", _ids(24).numpy(), _ids(8, 50).numpy())
     trainer = Trainer(model, folder, tmp_path / "ck", settings)  # zero converters: V = 0
-    trainer.train(iter([window] * 6))
+    trainer.train(iter([window]))  # one teacher, computed once, reused every step
+    trainer.train(iter([]))  # done: needs no data
     kl = [h["kl"] for h in trainer.history]
     assert trainer.step == 6 and kl[-1] < 0.8 * kl[0], kl
     again = Trainer(model, folder, tmp_path / "ck", settings)

@@ -43,43 +43,57 @@ class TrainSettings:
     steps: int = 200
     lr: float = 3e-4
     checkpoint_every: int = 20
+    teacher_windows: int = 0
     seed: int = 0
 
 
 @dataclass
 class Teacher:
-    logits: torch.Tensor  # continuation positions
-    exact: list[KV]  # every layer, context positions
+    """One window as the frozen target saw it (all a KL step needs besides the converters)."""
+
+    continuation: torch.Tensor
+    logits: torch.Tensor  # continuation positions (bf16 when kept for reuse)
+    exact: list[KV]  # source layers, context positions
+    sinks: dict[int, KV]  # converted layers, the sink tokens
     features: torch.Tensor  # converter input, context positions
     pre_rope: dict[int, tuple[torch.Tensor, torch.Tensor]]  # converted layers: (K pre-RoPE, V)
 
 
 @torch.no_grad()
-def teacher(target: TorchLlama, converters: Converters, window: Window, keep_pre_rope=False):
+def teacher(
+    target: TorchLlama, converters: Converters, window: Window, sink_tokens: int, *,
+    keep_pre_rope: bool = False, compact: bool = False,
+) -> Teacher:  # fmt: skip
     ids = torch.as_tensor(list(window.context) + list(window.continuation), dtype=torch.long)
-    n_ctx = len(window.context)
+    n_ctx, k = len(window.context), converters.first_layer
     cos_sin = target.cos_sin(torch.arange(ids.shape[0]))
     hidden = target.embed(ids)
-    exact, pre_rope, features = [], {}, None
+    exact, sinks, pre_rope, features = [], {}, {}, None
     for i in range(target.shape.num_layers):
-        if i == converters.first_layer:
+        if i == k:
             features = converters.features(hidden[:n_ctx])
         out = target.layer(i, hidden, cos_sin, None, keep_pre_rope=keep_pre_rope)
         hidden = out.hidden
-        exact.append(slice_kv(out.kv, 0, n_ctx))
-        if keep_pre_rope and i >= converters.first_layer:
+        if i < k:
+            exact.append(slice_kv(out.kv, 0, n_ctx))
+        else:
+            sinks[i] = slice_kv(out.kv, 0, sink_tokens)
+        if keep_pre_rope and i >= k:
             pre_rope[i] = (out.pre_rope_key[:, :n_ctx], out.kv[1][:, :n_ctx])
     if features is None:
         features = converters.features(hidden[:n_ctx])
     logits = target.logits(hidden[n_ctx:])
-    return Teacher(logits, exact, features, pre_rope)
+    if compact:
+        logits = logits.to(torch.bfloat16)
+    cont = torch.as_tensor(window.continuation, dtype=torch.long)
+    return Teacher(cont, logits, exact, sinks, features, pre_rope)
 
 
 def ridge_init(target, converters: Converters, windows, sink_tokens: int, alpha: float) -> int:
     """Least-squares converters on the target's own pre-RoPE K and V; returns rows used."""
     acc = RidgeAccumulator(converters)
     for window in windows:
-        t = teacher(target, converters, window, keep_pre_rope=True)
+        t = teacher(target, converters, window, sink_tokens, keep_pre_rope=True)
         # the sink tokens are computed exactly and carry outlier activations: not fitted
         targets = {j: (k[:, sink_tokens:], v[:, sink_tokens:]) for j, (k, v) in t.pre_rope.items()}
         acc.add(t.features[sink_tokens:], targets)
@@ -87,24 +101,41 @@ def ridge_init(target, converters: Converters, windows, sink_tokens: int, alpha:
     return acc.rows
 
 
-def student_cache(target, converters: Converters, t: Teacher, sink_tokens: int) -> list[KV]:
+def student_cache(target, converters: Converters, t: Teacher) -> list[KV]:
     n = t.features.shape[0]
-    cos, sin = target.cos_sin(torch.arange(sink_tokens, n))
-    cache = list(t.exact[: converters.first_layer])
+    cache = list(t.exact)
     for j in converters.layers:
-        converted = converters.convert(j, t.features[sink_tokens:], (cos, sin))
-        cache.append(concat_kv(slice_kv(t.exact[j], 0, sink_tokens), converted))
+        s = t.sinks[j][0].shape[1]
+        cos, sin = target.cos_sin(torch.arange(s, n))
+        converted = converters.convert(j, t.features[s:], (cos, sin))
+        cache.append(concat_kv(t.sinks[j], converted))
     return cache
 
 
-def kl_loss(target, converters: Converters, window: Window, sink_tokens: int) -> torch.Tensor:
-    t = teacher(target, converters, window)
-    cache = student_cache(target, converters, t, sink_tokens)
-    cont = torch.as_tensor(window.continuation, dtype=torch.long)
-    n = len(window.context)
-    logits, _ = target.forward_with_cache(cont, torch.arange(n, n + cont.shape[0]), cache)
+def kl_loss(target, converters: Converters, t: Teacher) -> torch.Tensor:
+    """KL(teacher || target over the converted cache) per continuation token."""
+    cache = student_cache(target, converters, t)
+    n = t.features.shape[0]
+    positions = torch.arange(n, n + t.continuation.shape[0])
+    logits, _ = target.forward_with_cache(t.continuation, positions, cache)
     ref = F.log_softmax(t.logits.float(), -1)
     return F.kl_div(F.log_softmax(logits.float(), -1), ref, log_target=True, reduction="batchmean")
+
+
+def teachers(target, converters, windows, settings: TrainSettings, seed: int):
+    """One teacher per step: fresh windows, or ``teacher_windows`` of them computed once."""
+    if settings.teacher_windows <= 0:
+        for window in windows:
+            yield teacher(target, converters, window, settings.sink_tokens)
+        return
+    kept = [
+        teacher(target, converters, next(windows), settings.sink_tokens, compact=True)
+        for _ in range(settings.teacher_windows)
+    ]
+    rng = torch.Generator().manual_seed(seed)
+    while True:
+        for i in torch.randperm(len(kept), generator=rng).tolist():
+            yield kept[i]
 
 
 def _run_identity(settings: dict) -> dict:
@@ -179,13 +210,14 @@ class Trainer:
         self.save()
 
     def train(self, windows, progress=None) -> None:
-        """Run until ``settings.steps``; ``windows`` must yield one window per step."""
+        """Run until ``settings.steps`` over ``windows`` (an iterator; see :func:`teachers`)."""
         s = self.settings
-        for window in windows:
-            if self.step >= s.steps:
-                break
+        if self.step >= s.steps:
+            return
+        stream = teachers(self.target, self.converters, windows, s, s.seed + self.step)
+        for t in stream:
             started = time.process_time()
-            loss = kl_loss(self.target, self.converters, window, s.sink_tokens)
+            loss = kl_loss(self.target, self.converters, t)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -199,3 +231,5 @@ class Trainer:
                 progress.set_postfix(kl=f"{kl:.3f}")
             if self.step % s.checkpoint_every == 0 or self.step == s.steps:
                 self.save()
+            if self.step >= s.steps:
+                break
