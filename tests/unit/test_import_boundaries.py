@@ -17,6 +17,7 @@ import vllm_ext
 
 # modules allowed to import vLLM (adapters); everything else must not
 ADAPTERS = {
+    "vllm_ext.acct.connector",
     "vllm_ext.common.prom",
     "vllm_ext.flide.api",
     "vllm_ext.flide.forward",
