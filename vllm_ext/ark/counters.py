@@ -17,6 +17,8 @@ COUNTER_SPECS = (
     CounterSpec("transfers_sent", "KV transfers pushed by this producer"),
     CounterSpec("transfer_bytes", "KV bytes pushed by this producer"),
     CounterSpec("transfer_failures", "KV transfers that failed (peer down, timeout, bad frame)"),
+    CounterSpec("bind_fallbacks", "planned ports that were busy; sent from an ephemeral port"),
+    CounterSpec("frames_rejected", "received KV frames dropped: malformed, too large, or expired"),
     CounterSpec("transfers_received", "KV transfers received by this consumer"),
     CounterSpec("load_timeouts", "requests whose KV never arrived in time (recomputed)"),
 )
