@@ -17,7 +17,7 @@ STAMP := $(VENV)/.vllm_ext-installed
 BENCH_SYSTEMS := suite leap histate flide
 
 .PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench bench-deps \
-        $(addprefix bench-,$(BENCH_SYSTEMS)) lint clean
+        $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed lint clean
 
 install: $(STAMP)
 
@@ -70,6 +70,10 @@ bench: bench-deps
 # one system's full headline runs, with the arguments of the cited results
 $(addprefix bench-,$(BENCH_SYSTEMS)): bench-%: bench-deps
 	$(PY) -m benchmarks.suite --full --system $*
+
+# ARK on a network-namespace leaf-spine (needs root): benchmarks/out/ark_testbed.json
+ark-testbed: install
+	$(PY) -m benchmarks.ark.testbed
 
 lint: install
 	$(PY) -m ruff check vllm_ext patches tests benchmarks
