@@ -31,6 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_argument("--windows", type=int, default=8)
     quality.add_argument("--context", type=int, default=1536)
     quality.add_argument("--continuation", type=int, default=256)
+    quality.add_argument(
+        "--write-gate",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="store the measured offline gate in checkpoint NAME",
+    )
+    quality.add_argument("--max-delta-nll", type=float, default=0.05)
+    quality.add_argument("--min-top1", type=float, default=0.97)
     for p in (speed, quality):
         p.add_argument("--model", default="smollm2")
         p.add_argument("--out", default="benchmarks/out")
@@ -49,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
         result = run(model_dir, checkpoints, args.windows, args.context, args.continuation,
                      progress)  # fmt: skip
+        from benchmarks.acct.quality import gate_of
+        from vllm_ext.acct.checkpoint import write_gate
+
+        for name in args.write_gate:
+            gate = gate_of(result, name, args.max_delta_nll, args.min_top1)
+            write_gate(checkpoints[name], gate)
+            progress(f"gate of {name}: {'passed' if gate['passed'] else 'FAILED'} {gate}")
     paths = write_result(result, args.out)
     print(headline_text(result.headline))
     print(paths["json"])

@@ -27,8 +27,19 @@ from transformers import AutoTokenizer
 from vllm_ext.acct.checkpoint import load_pipeline
 from vllm_ext.acct.data import eval_windows
 from vllm_ext.acct.llama import TorchLlama
-from vllm_ext.acct.quality import equal_compute_tokens, score_variants
+from vllm_ext.acct.quality import equal_compute_tokens, gate_report, score_variants
 from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline
+
+
+def gate_of(result: BenchResult, name: str, max_delta_nll: float, min_top1: float) -> dict:
+    """The offline gate of checkpoint ``name`` from this benchmark's own measurements."""
+    v, c = result.variants, result.config
+    keep = c["equal_compute_tokens"][name]
+    means = {"own": v["own"], "acct": v[f"acct:{name}"], "truncated": v[f"truncated:{keep}"]}
+    settings = {"context": c["context"], "continuation": c["continuation"],
+                "measured_by": "benchmarks.acct quality"}  # fmt: skip
+    report = {"means": means, "windows": c["per_window"]}
+    return gate_report(report, max_delta_nll, min_top1, settings)
 
 
 def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
