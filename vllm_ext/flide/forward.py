@@ -77,11 +77,16 @@ class PackedGatedDeltaNet(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         layer = self.layer
         mixed_qkv, z, b, a = _gdn_projections(layer, hidden_states)
-        mixed_qkv = lineage_conv(
-            mixed_qkv, _conv_weight(layer), layer.conv1d.bias, self.window, layer.activation
-        )
+        if mixed_qkv.is_cuda:
+            mixed_qkv = lineage_conv(
+                mixed_qkv, _conv_weight(layer), layer.conv1d.bias, self.window, layer.activation
+            )
+            g, beta = gdn_gating(a, b, layer.A_log, layer.dt_bias)
+        else:
+            # vLLM's own CPU ops, so that every rounding is the one vLLM makes
+            mixed_qkv = cpu_lineage_conv(layer, mixed_qkv, self.layout, self.window)
+            g, beta = cpu_gdn_gating(layer, a, b)
         query, key, value = layer.rearrange_mixed_qkv(mixed_qkv)
-        g, beta = gdn_gating(a, b, layer.A_log, layer.dt_bias)
         core = segmented_delta_rule(
             self.layout, query[0], key[0], value[0], g, beta.to(value.dtype), self.kernel
         )
@@ -101,6 +106,52 @@ def _gdn_projections(layer, hidden_states: torch.Tensor):
     mixed_qkv, z = mixed_qkvz.split([qkv_size, layer.value_dim // layer.tp_size], dim=-1)
     b, a = ba.chunk(2, dim=-1)
     return mixed_qkv, z.reshape(z.shape[0], -1, layer.head_v_dim), b, a
+
+
+def cpu_lineage_conv(layer, x: torch.Tensor, layout: PackedLayout, window: torch.Tensor):
+    """The layer's causal conv over every segment through the CPU op vLLM's GDN path calls.
+
+    Each segment is one sequence of the varlen call whose initial conv state
+    is the ``w - 1`` lineage inputs before its first token (its context's
+    tail for a question; zeros for a context), so every token reads what it
+    reads in a separate request. ``x: [T, C]`` bf16; returns ``[T, C]``.
+    """
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
+
+    width = window.shape[1]
+    src = window[layout.starts, : width - 1]
+    tail = x[src.clamp(min=0)] * (src >= 0).unsqueeze(2).to(x.dtype)
+    # [S, C, w - 1] over [S, w - 1, C] memory: the layout of vLLM's conv-state cache
+    states = tail.contiguous().transpose(1, 2)
+    query_start_loc = torch.cat([layout.starts, layout.ends[-1:]]).to(torch.int32)
+    slots = torch.arange(layout.num_segments, dtype=torch.int32, device=x.device)
+    has_state = layout.parent >= 0
+    silu = layer.activation in ("silu", "swish")
+    if getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None:
+        # vLLM packed the taps at load time: it then runs the C++ op (AVX-512 BF16 / Arm BF16)
+        out = ops.causal_conv1d_fwd_cpu(
+            x=x.t(), weight=layer.conv1d.weight, bias=layer.conv1d.bias, conv_states=states,
+            query_start_loc=query_start_loc, cache_indices=slots, has_initial_state=has_state,
+            silu_activation=silu, is_weight_packed=True,
+        )  # fmt: skip
+    else:
+        out = causal_conv1d_fn_cpu(
+            x=x.t(), weight=_conv_weight(layer), bias=layer.conv1d.bias, conv_states=states,
+            query_start_loc=query_start_loc, cache_indices=slots, has_initial_state=has_state,
+            activation=layer.activation,
+        )  # fmt: skip
+    return out.t()
+
+
+def cpu_gdn_gating(layer, a: torch.Tensor, b: torch.Tensor):
+    """``g [T, H]`` fp32 and ``beta [T, H]`` from vLLM's fused CPU gating op."""
+    from vllm import _custom_ops as ops
+
+    g, beta = ops.fused_gdn_gating_cpu(
+        A_log=layer.A_log, a=a.contiguous(), b=b.contiguous(), dt_bias=layer.dt_bias
+    )
+    return g.reshape(a.shape), beta.reshape(b.shape)
 
 
 def _conv_weight(layer) -> torch.Tensor:
