@@ -50,7 +50,7 @@ import argparse
 import math
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -366,6 +366,7 @@ def _result(args, engine, runs, served_runs, sweep, predicted, y, typical, sprea
             target="within 15% of the oracle (the served benchmark's target), median over bursts",
         ),
         fingerprint=collect_fingerprint(),
+        variant_configs={name: asdict(rules) for name, rules in VARIANTS.items()},
         plot_metric=METRIC,
         config={
             "engine": vars(engine),

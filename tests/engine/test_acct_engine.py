@@ -12,6 +12,7 @@ plain vLLM's. Every case ends with no per-request state left.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -133,3 +134,11 @@ def test_online_check_failure_recomputes_to_plain_output(reference, corrupted_ch
     del llm
     assert failures == recomputes == len(PROMPTS) and imported == 0
     assert out == reference
+
+
+def test_checkpoint_failing_its_offline_gate_is_a_startup_error(corrupted_checkpoint, tmp_path):
+    failing = shutil.copytree(corrupted_checkpoint, tmp_path / "failing")
+    ckpt.write_gate(failing, {"delta_nll": 1.7, "top1": 0.57, "windows": 8})
+    with pytest.raises(Exception, match="fails the offline gate: delta NLL 1.7"):
+        with engine(MODEL, **_acct(str(failing))):
+            pass

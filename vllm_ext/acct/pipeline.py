@@ -27,6 +27,7 @@ class SourceState:
     """What the source computed for a prefix, before any converter runs."""
 
     positions: torch.Tensor
+    cos_sin: tuple[torch.Tensor, torch.Tensor]
     exact: list[KV]  # layers 0..k-1, every token
     sinks: dict[int, KV]  # layers k..L-1, the first sink tokens
     features: torch.Tensor | None  # converter input for every token
@@ -75,13 +76,13 @@ class AcctPipeline:
                 sink_hidden = out.hidden
                 sinks[j] = out.kv
             features = self.converters.features(hidden)
-        return SourceState(positions, exact, sinks, features)
+        return SourceState(positions, cos_sin, exact, sinks, features)
 
     def convert_layer(self, state: SourceState, layer: int) -> KV:
         """The imported KV of target ``layer`` for every token of the prefix."""
         if layer < self.source_layers:
             return state.exact[layer]
-        cos_sin = self.target.cos_sin(state.positions)
+        cos_sin = state.cos_sin
         s = state.sinks[layer][0].shape[1]
         rest = self.converters.convert(layer, state.features[s:], (cos_sin[0][s:], cos_sin[1][s:]))
         rest = rest[0].to(self.target.dtype), rest[1].to(self.target.dtype)

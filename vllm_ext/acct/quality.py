@@ -62,19 +62,32 @@ def _continue(target: TorchLlama, cache: list[KV] | None, ids: torch.Tensor) -> 
 
 
 @torch.no_grad()
-def score_window(pipeline: AcctPipeline, window: Window) -> dict[str, Score]:
-    target = pipeline.target
+def score_variants(
+    target: TorchLlama, window: Window, pipelines: dict[str, AcctPipeline]
+) -> dict[str, Score]:
+    """Own prefill, each pipeline's import (``acct:<name>``), truncation at each import's
+    compute (``truncated:<N>``) and no context, all on ``window``."""
     context = torch.as_tensor(window.context, dtype=torch.long)
     cont = torch.as_tensor(window.continuation, dtype=torch.long)
-    keep = equal_compute_tokens(pipeline, context.shape[0])
     reference = _continue(target, own_prefill(target, context), cont)
-    logits = {
-        "own": reference,
-        "acct": _continue(target, pipeline.build_cache(context), cont),
-        "truncated": _continue(target, own_prefill(target, context[-keep:]), cont),
-        "no_context": _continue(target, None, cont),
-    }
+    logits = {"own": reference}
+    for name, pipeline in pipelines.items():
+        logits[f"acct:{name}"] = _continue(target, pipeline.build_cache(context), cont)
+        keep = equal_compute_tokens(pipeline, context.shape[0])
+        if f"truncated:{keep}" not in logits:
+            logits[f"truncated:{keep}"] = _continue(
+                target, own_prefill(target, context[-keep:]), cont
+            )
+    logits["no_context"] = _continue(target, None, cont)
     return {name: score(value, reference, cont) for name, value in logits.items()}
+
+
+def score_window(pipeline: AcctPipeline, window: Window) -> dict[str, Score]:
+    """:func:`score_variants` for one pipeline, under the names of :data:`VARIANTS`."""
+    scores = score_variants(pipeline.target, window, {"x": pipeline})
+    keep = equal_compute_tokens(pipeline, len(window.context))
+    names = {"own": "own", "acct": "acct:x", "truncated": f"truncated:{keep}"}
+    return {**{k: scores[v] for k, v in names.items()}, "no_context": scores["no_context"]}
 
 
 def evaluate(pipeline: AcctPipeline, windows: Iterable[Window], progress=None) -> dict:

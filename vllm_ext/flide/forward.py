@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from vllm.forward_context import set_forward_context
 from vllm.model_executor.layers.attention.attention import Attention
+from vllm.model_executor.layers.mamba.gdn.base import GatedDeltaNetAttention
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
 
 from vllm_ext.flide.batch import PackedBatch
@@ -32,8 +33,26 @@ from vllm_ext.flide.recurrent import DeltaRule, gdn_gating, lineage_conv, segmen
 from vllm_ext.kernels.packed_attention import packed_attention
 from vllm_ext.kernels.packed_attention.blocks import packed_attention_blocks
 
-# architectures whose packed pass is tested against separate computation
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3NextForCausalLM")
+# architectures whose packed pass is tested against separate requests and an fp32 forward
+# on random tiny configurations (tests/engine/test_flide_exactness.py)
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+)
+# vLLM 0.32 models with a Gated DeltaNet Flide cannot pack, and why
+UNPACKABLE = {
+    "OlmoHybridForCausalLM": "its Gated DeltaNet layer (OlmoHybridGatedDeltaNetAttention) has "
+    "no packed stand-in (and no CPU path in vLLM)",
+    "Qwen3_5ForConditionalGeneration": "multimodal wrapper; serve the text model "
+    "(Qwen3_5ForCausalLM)",
+    "Qwen3_5MoeForConditionalGeneration": "multimodal wrapper; serve the text model "
+    "(Qwen3_5MoeForCausalLM)",
+    "InternS2MobiusForConditionalGeneration": "multimodal wrapper, not tested",
+    "MiniCPMV4_6ForConditionalGeneration": "multimodal wrapper, not tested",
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -77,11 +96,16 @@ class PackedGatedDeltaNet(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         layer = self.layer
         mixed_qkv, z, b, a = _gdn_projections(layer, hidden_states)
-        mixed_qkv = lineage_conv(
-            mixed_qkv, _conv_weight(layer), layer.conv1d.bias, self.window, layer.activation
-        )
+        if mixed_qkv.is_cuda:
+            mixed_qkv = lineage_conv(
+                mixed_qkv, _conv_weight(layer), layer.conv1d.bias, self.window, layer.activation
+            )
+            g, beta = gdn_gating(a, b, layer.A_log, layer.dt_bias)
+        else:
+            # vLLM's own CPU ops, so that every rounding is the one vLLM makes
+            mixed_qkv = cpu_lineage_conv(layer, mixed_qkv, self.layout, self.window)
+            g, beta = cpu_gdn_gating(layer, a, b)
         query, key, value = layer.rearrange_mixed_qkv(mixed_qkv)
-        g, beta = gdn_gating(a, b, layer.A_log, layer.dt_bias)
         core = segmented_delta_rule(
             self.layout, query[0], key[0], value[0], g, beta.to(value.dtype), self.kernel
         )
@@ -101,6 +125,53 @@ def _gdn_projections(layer, hidden_states: torch.Tensor):
     mixed_qkv, z = mixed_qkvz.split([qkv_size, layer.value_dim // layer.tp_size], dim=-1)
     b, a = ba.chunk(2, dim=-1)
     return mixed_qkv, z.reshape(z.shape[0], -1, layer.head_v_dim), b, a
+
+
+def cpu_lineage_conv(layer, x: torch.Tensor, layout: PackedLayout, window: torch.Tensor):
+    """The layer's causal conv over every segment through the CPU op vLLM's GDN path calls.
+
+    Each segment is one sequence of the varlen call whose initial conv state
+    is the ``w - 1`` lineage inputs before its first token (its context's
+    tail for a question; zeros for a context), so every token reads what it
+    reads in a separate request. ``x: [T, C]`` bf16; returns ``[T, C]``.
+    """
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
+
+    x = x.contiguous()  # the op reads x as [C, T] over [T, C] memory
+    width = window.shape[1]
+    src = window[layout.starts, : width - 1]
+    tail = x[src.clamp(min=0)] * (src >= 0).unsqueeze(2).to(x.dtype)
+    # [S, C, w - 1] over [S, w - 1, C] memory: the layout of vLLM's conv-state cache
+    states = tail.contiguous().transpose(1, 2)
+    query_start_loc = torch.cat([layout.starts, layout.ends[-1:]]).to(torch.int32)
+    slots = torch.arange(layout.num_segments, dtype=torch.int32, device=x.device)
+    has_state = layout.parent >= 0
+    silu = layer.activation in ("silu", "swish")
+    if getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None:
+        # vLLM packed the taps at load time: it then runs the C++ op (AVX-512 BF16 / Arm BF16)
+        out = ops.causal_conv1d_fwd_cpu(
+            x=x.t(), weight=layer.conv1d.weight, bias=layer.conv1d.bias, conv_states=states,
+            query_start_loc=query_start_loc, cache_indices=slots, has_initial_state=has_state,
+            silu_activation=silu, is_weight_packed=True,
+        )  # fmt: skip
+    else:
+        out = causal_conv1d_fn_cpu(
+            x=x.t(), weight=_conv_weight(layer), bias=layer.conv1d.bias, conv_states=states,
+            query_start_loc=query_start_loc, cache_indices=slots, has_initial_state=has_state,
+            activation=layer.activation,
+        )  # fmt: skip
+    return out.t()
+
+
+def cpu_gdn_gating(layer, a: torch.Tensor, b: torch.Tensor):
+    """``g [T, H]`` fp32 and ``beta [T, H]`` from vLLM's fused CPU gating op."""
+    from vllm import _custom_ops as ops
+
+    g, beta = ops.fused_gdn_gating_cpu(
+        A_log=layer.A_log, a=a.contiguous(), b=b.contiguous(), dt_bias=layer.dt_bias
+    )
+    return g.reshape(a.shape), beta.reshape(b.shape)
 
 
 def _conv_weight(layer) -> torch.Tensor:
@@ -153,13 +224,33 @@ class FlaDeltaRule:
 def check_supported(model: nn.Module, architecture: str) -> None:
     """Raise :class:`UnsupportedModelError` for what the packed pass cannot compute exactly."""
     if architecture not in SUPPORTED_ARCHITECTURES:
+        why = f" ({UNPACKABLE[architecture]})" if architecture in UNPACKABLE else ""
         raise UnsupportedModelError(
-            f"Flide supports {', '.join(SUPPORTED_ARCHITECTURES)}; the served model is "
-            f"{architecture}"
+            f"Flide cannot pack {architecture}{why}; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     for name, module in model.named_modules():
         if isinstance(module, Attention) and module.sliding_window is not None:
-            raise UnsupportedModelError(f"{name}: sliding-window attention is not supported")
+            raise UnsupportedModelError(
+                f"{architecture}: {name} uses sliding-window attention, which Flide cannot pack"
+            )
+        if isinstance(module, GatedDeltaNetAttention) and not isinstance(
+            module, QwenGatedDeltaNetAttention
+        ):
+            raise UnsupportedModelError(
+                f"{architecture}: {name} is a {type(module).__name__}, which Flide cannot pack"
+            )
+        weight = getattr(getattr(module, "in_proj_qkvz", None), "weight", None)
+        if (
+            isinstance(module, QwenGatedDeltaNetAttention)
+            and weight is not None
+            and weight.device.type == "cpu"
+            and weight.dtype != torch.bfloat16
+        ):
+            raise UnsupportedModelError(
+                f"{architecture}: vLLM's CPU Gated DeltaNet ops take bf16 only; serve it with "
+                "--dtype bfloat16"
+            )
 
 
 @contextmanager
@@ -193,13 +284,15 @@ def packed_logprobs(model: nn.Module, vllm_config, batch: PackedBatch) -> torch.
     device = next(model.parameters()).device
     layout = batch.layout.to(device)
     inner = model.model
+    positions = layout.positions
+    if vllm_config.model_config.uses_mrope:
+        # text only: every M-RoPE channel carries the token's position
+        positions = positions.expand(vllm_config.model_config.mrope_num_dims, -1)
     with torch.inference_mode(), set_forward_context(None, vllm_config), _stand_ins(model, layout):
         hidden = model.embed_input_ids(layout.input_ids)
         residual = None
         for layer in inner.layers[inner.start_layer : inner.end_layer]:
-            hidden, residual = layer(
-                positions=layout.positions, hidden_states=hidden, residual=residual
-            )
+            hidden, residual = layer(positions=positions, hidden_states=hidden, residual=residual)
         hidden, _ = inner.norm(hidden, residual)
         logits = model.compute_logits(hidden[batch.readout_rows.to(device)])
     return torch.log_softmax(logits.float(), dim=-1)

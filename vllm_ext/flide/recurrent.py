@@ -66,7 +66,7 @@ def lineage_conv(
         activation: ``"silu"``/``"swish"`` or None.
 
     Returns:
-        ``[T, C]`` in ``x.dtype``.
+        ``[T, C]`` in ``x.dtype``, accumulated and activated in fp32, rounded once.
     """
     num_tokens, width = x.shape[0], weight.shape[1]
     w = weight.float()
@@ -84,8 +84,9 @@ def lineage_conv(
         taps = x[src.clamp(min=0)].float() * (src >= 0).unsqueeze(2)  # [R, W, C]
         fixed = torch.einsum("rwc,cw->rc", taps, w)
         acc[rows] = fixed + b if b is not None else fixed
-    out = acc.to(x.dtype)
-    return F.silu(out) if activation in ("silu", "swish") else out
+    # activation in fp32, one rounding at the end: as vLLM's conv ops and transformers
+    out = F.silu(acc) if activation in ("silu", "swish") else acc
+    return out.to(x.dtype)
 
 
 def gdn_gating(

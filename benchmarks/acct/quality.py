@@ -1,0 +1,98 @@
+"""Continuation quality over an imported cache vs own prefill, truncation and no context.
+
+Held-out ShareGPT conversations (never used for fitting), first ``context``
+tokens as the cache, next ``continuation`` tokens decoded by SmolLM2-135M over
+it. Same windows, one run, for every variant:
+
+- ``own``: the target's own prefill (reference);
+- ``acct:<name>``: each checkpoint's import (first k layers + converters +
+  exact sinks), e.g. the ridge initialisation and the KL-trained converters;
+- ``truncated:<N>``: own prefill of the last N context tokens only, N matched
+  to the import's compute (k * context + (L - k) * sinks layer-tokens);
+- ``no_context``.
+
+Metrics: NLL of the continuation (nats/token), top-1 agreement with own
+prefill, KL to own prefill; mean, min and max over windows.
+Headline: the first checkpoint's NLL vs own prefill (target: within 1 % and
+below truncation at equal compute).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from transformers import AutoTokenizer
+
+from vllm_ext.acct.checkpoint import load_pipeline
+from vllm_ext.acct.data import eval_windows
+from vllm_ext.acct.llama import TorchLlama
+from vllm_ext.acct.quality import equal_compute_tokens, gate_report, score_variants
+from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline
+
+
+def gate_of(result: BenchResult, name: str, max_delta_nll: float, min_top1: float) -> dict:
+    """The offline gate of checkpoint ``name`` from this benchmark's own measurements."""
+    v, c = result.variants, result.config
+    keep = c["equal_compute_tokens"][name]
+    means = {"own": v["own"], "acct": v[f"acct:{name}"], "truncated": v[f"truncated:{keep}"]}
+    settings = {"context": c["context"], "continuation": c["continuation"],
+                "measured_by": "benchmarks.acct quality"}  # fmt: skip
+    report = {"means": means, "windows": c["per_window"]}
+    return gate_report(report, max_delta_nll, min_top1, settings)
+
+
+def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
+        continuation: int, progress=print) -> BenchResult:  # fmt: skip
+    torch.set_num_threads(1)
+    target = TorchLlama.from_pretrained(model_dir)
+    pipelines = {
+        name: load_pipeline(path, model_dir, target)[0] for name, path in checkpoints.items()
+    }
+    data = eval_windows(AutoTokenizer.from_pretrained(model_dir), context, continuation, windows)
+    per_window = []
+    for i, window in enumerate(data):
+        scores = score_variants(target, window, pipelines)
+        per_window.append({name: vars(score) for name, score in scores.items()})
+        progress(f"window {i + 1}/{len(data)}: " + ", ".join(
+            f"{name} {score.nll:.3f}" for name, score in scores.items()))  # fmt: skip
+    variants = {}
+    for name in per_window[0]:
+        row = {}
+        for metric in ("nll", "top1", "kl"):
+            values = [w[name][metric] for w in per_window]
+            row[metric] = statistics.fmean(values)
+            row[f"{metric}_min"], row[f"{metric}_max"] = min(values), max(values)
+        variants[name] = row
+    first = next(iter(checkpoints))
+    keep = equal_compute_tokens(pipelines[first], context)
+    truncated = variants[f"truncated:{keep}"]["nll"]
+    headline = make_headline(
+        f"continuation NLL (nats/token) over a {context}-token imported cache vs own prefill "
+        f"(truncation to {keep} tokens at equal compute: {truncated:.3f})",
+        variants[f"acct:{first}"]["nll"],
+        variants["own"]["nll"],
+        "own",
+        higher_is_better=False,
+        target="ratio <= 1.01 and below truncated at equal compute",
+    )
+    return BenchResult(
+        name="acct_quality",
+        description=__doc__.strip().splitlines()[0],
+        variants=variants,
+        headline=headline,
+        fingerprint=collect_fingerprint(),
+        config={
+            "model": str(model_dir),
+            "checkpoints": checkpoints,
+            "windows": len(data),
+            "context": context,
+            "continuation": continuation,
+            "equal_compute_tokens": {
+                n: equal_compute_tokens(p, context) for n, p in pipelines.items()
+            },
+            "window_ids": [w.conversation_id for w in data],
+            "per_window": per_window,
+        },  # fmt: skip
+        plot_metric="nll",
+    )
