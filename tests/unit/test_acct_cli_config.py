@@ -23,7 +23,7 @@ def test_config_from_additional_config_and_env():
 @pytest.mark.parametrize(
     "block, match",
     [
-        ({"checkpont": "x"}, "unknown key 'checkpont'.*allowed: check_max_gap, check_tokens"),
+        ({"checkpont": "x"}, "unknown key 'checkpont'.*valid: check_max_gap, check_tokens"),
         ({"min_prefix_tokens": 0}, "min_prefix_tokens must be >= 1"),
         ({"min_top1": 1.5}, r"min_top1 must be in \[0, 1\]"),
         ({"check_tokens": -1}, "check_tokens must be >= 0"),

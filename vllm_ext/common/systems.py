@@ -31,6 +31,8 @@ SYSTEM_CONFIGS: dict[str, str] = {
     "leap": "vllm_ext.leap.config:LeapConfig",
     "histate": "vllm_ext.histate.config:HiStateConfig",
     "flide": "vllm_ext.flide.config:FlideConfig",
+    "ark": "vllm_ext.ark.config:ArkConfig",
+    "acct": "vllm_ext.acct.config:AcctConfig",
 }
 
 # our variables that belong to no system's config
