@@ -172,8 +172,7 @@ def variant_config(name: str, policy: str) -> dict[str, Any]:
     kwargs = engine_kwargs(
         policy, ENGINE["device_bytes"], host, ENGINE["ssd_bytes"], "<temp folder per run>"
     )
-    connector = kwargs.get("kv_transfer_config", {})
-    extra = connector.get("kv_connector_extra_config")
+    extra = kwargs.get("additional_config", {}).get("histate")
     return {
         "engine_kwargs": scrub(kwargs),
         "time_scale": ENGINE["time_scale"],

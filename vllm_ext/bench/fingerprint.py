@@ -65,6 +65,7 @@ _ISA_FLAGS = (
 )
 _ENV_PREFIXES = (
     "VLLM_",
+    "VLLMEXT_",
     "OMP_",
     "KMP_",
     "CUDA_VISIBLE",

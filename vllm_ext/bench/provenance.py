@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_ext.common.config import load_config
+from vllm_ext.common.systems import SYSTEM_CONFIGS, config_class
 
 # an absolute path: a "/" not after a word, a dot, a colon or another "/" (URLs, "a/b")
 _ABS_PATH = re.compile(r"(?<![\w.~<>:/-])/(?!/)[^\s:;,'\"()\[\]{}]*")
@@ -95,20 +96,6 @@ def current_command() -> str:
     return scrub(shlex.join(["python", *argv[1:]]))
 
 
-def config_class(system: str) -> type:
-    """The config dataclass of ``system``: ``vllm_ext.<system>.config.<System>Config``.
-
-    Found by name (case-insensitive) so that nested dataclasses of the same
-    module (an ``experimental`` block, say) are not mistaken for it.
-    """
-    module = importlib.import_module(f"vllm_ext.{system}.config")
-    wanted = f"{system}config".lower()
-    for name, value in vars(module).items():
-        if name.lower() == wanted and dataclasses.is_dataclass(value) and isinstance(value, type):
-            return value
-    raise LookupError(f"vllm_ext.{system}.config defines no {system.capitalize()}Config dataclass")
-
-
 def resolve_system_config(
     system: str, mapping: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
@@ -123,9 +110,7 @@ def resolve_additional_config(
     """``--additional-config``'s per-system blocks, each resolved; other keys are kept as given."""
     out: dict[str, dict[str, Any]] = {}
     for key, block in (additional or {}).items():
-        try:
-            config_class(key)
-        except (ImportError, LookupError):
+        if key not in SYSTEM_CONFIGS:
             out[key] = scrub(block)
             continue
         out[key] = resolve_system_config(key, block, environ)
