@@ -84,6 +84,15 @@ def test_preemption_leaves_nothing_pinned_pending_or_leaked(monkeypatch, release
     del llm
 
 
+def test_settings_left_in_kv_connector_extra_config_stop_the_engine_naming_their_new_place():
+    kwargs = histate_kwargs()
+    kwargs["kv_transfer_config"]["kv_connector_extra_config"] = {"host_bytes": 1 << 20}
+    with pytest.raises(Exception, match="no longer reads kv_connector_extra_config") as err:
+        with engine(MODEL, **kwargs):
+            pass
+    assert """--additional-config '{"histate": {"host_bytes": 1048576}}'""" in str(err.value)
+
+
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     """Engine 1: cold outputs of every family's r2; its snapshot goes to the SSD at shutdown."""

@@ -128,7 +128,8 @@ def additional_config_from_argv(args: Sequence[str]) -> dict[str, Any] | None:
     ``=JSON`` (``_`` for ``-`` too; the last one wins), and dotted keys
     (``--additional-config.leap.weights_path w.npz``), which vLLM merges into
     one dict that replaces any plain value. A ``--config`` YAML file is not
-    read here (vLLM checks those values itself, at start-up). None = not given.
+    read here: its blocks are checked when each system loads them, at engine
+    start. None = not given.
 
     Raises:
         ConfigError: a value that is not a JSON object (vLLM 0.32 reads no file path here).

@@ -21,9 +21,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from vllm.logger import init_logger
 
+from vllm_ext.common.systems import config_from_vllm
 from vllm_ext.flide.batch import FlideInputError, Item, validate_items
 from vllm_ext.flide.classifier import RPC_METHOD, WORKER_EXTENSION, answers
-from vllm_ext.flide.config import flide_config
+from vllm_ext.flide.config import SYSTEM
 from vllm_ext.flide.plan import parse_items, parse_labels, plan_passes
 
 logger = init_logger(__name__)
@@ -71,8 +72,7 @@ class FlideEndpoint:
         app.add_api_route(ROUTE, classify, methods=["POST"])
 
     async def init_state(self, engine_client, state, args) -> None:
-        extra = (getattr(args, "additional_config", None) or {}).get("flide", {})
-        state.flide_config = flide_config(extra)
+        state.flide_config = config_from_vllm(SYSTEM, args)
         state.flide_engine = engine_client
         state.flide_counters = _counters()
 
