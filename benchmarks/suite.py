@@ -275,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="results to run (default: headline entries)")
     parser.add_argument("--out", type=Path, help=f"default {QUICK_OUT} (quick), {OUT} (full)")
     parser.add_argument("--list", action="store_true", help="print the entries and exit")
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="only print the table of the results already in --out",
+    )
     args = parser.parse_args(argv)
     quick = not args.full
     if args.list:
@@ -289,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(QUICK_NOTE + "\n")
     from benchmarks.suite_run import run, summary_rows, summary_table
 
+    if args.summary:
+        sys.stdout.write(summary_table(summary_rows(entries, out, {})))
+        return 0
     start = time.monotonic()
     failed, seconds = run(entries, quick, out)
     table = summary_table(summary_rows(entries, out, failed))

@@ -37,7 +37,13 @@ from tqdm import tqdm
 
 from benchmarks.leap.__main__ import _cached_record, benchmark_prompts
 from vllm_ext.assets import model_path
-from vllm_ext.bench import OUT_DIR, BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import (
+    OUT_DIR,
+    BenchResult,
+    collect_fingerprint,
+    headline_from_rounds,
+    write_result,
+)
 from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.quality import kendall_tau, mae_log
 from vllm_ext.leap.ridge_cv import choose_alpha, fold_parts
@@ -161,10 +167,11 @@ def _result(args, variants: dict[str, dict], y: np.ndarray) -> BenchResult:
         name=NAME,
         description=__doc__.split("\n\n")[0],
         variants=variants,
-        headline=make_headline(
+        # deterministic given the recording: one round is the measurement
+        headline=headline_from_rounds(
             METRIC,
-            variants["ridge"][METRIC],
-            variants[rival][METRIC],
+            [variants["ridge"][METRIC]],
+            [variants[rival][METRIC]],
             rival,
             higher_is_better=True,
             target="a head ranking at tau ~0.7 (what the replay needs for LEAP within 15% of "
