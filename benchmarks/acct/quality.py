@@ -6,7 +6,8 @@ it. Same windows, one run, for every variant:
 
 - ``own``: the target's own prefill (reference);
 - ``acct:<name>``: each checkpoint's import (first k layers + converters +
-  exact sinks), e.g. the ridge initialisation and the KL-trained converters;
+  exact sinks, optionally an exact tail: ``NAME=FOLDER:TAIL``), e.g. the ridge
+  initialisation and the KL-trained converters;
 - ``truncated:<N>``: own prefill of the last N context tokens only, N matched
   to the import's compute (k * context + (L - k) * sinks layer-tokens);
 - ``no_context``.
