@@ -52,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model)
     progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "speed":
-        from benchmarks.acct.speed import run
+        from benchmarks.acct.speed import run_incremental
 
         contexts = [int(c) for c in args.contexts.split(",")]
-        result = run(model_dir, args.checkpoint, contexts, args.rounds, args.source_layers,
-                     args.sink_tokens, progress)  # fmt: skip
+        # written after every context: a run cut short still leaves its evidence
+        for result in run_incremental(model_dir, args.checkpoint, contexts, args.rounds,
+                                      args.source_layers, args.sink_tokens, progress):  # fmt: skip
+            paths = write_result(result, args.out)
     else:
         from benchmarks.acct.quality import run
 
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 checkpoints[name].partition(":")[0], gate, result.config["tail_tokens"][name]
             )
             progress(f"gate of {name}: {'passed' if gate['passed'] else 'FAILED'} {gate}")
-    paths = write_result(result, args.out)
+    if args.command != "speed":
+        paths = write_result(result, args.out)
     print(headline_text(result.headline))
     print(paths["json"])
     return 0
