@@ -27,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     speed.add_argument("--source-layers", type=int, default=4)
     speed.add_argument("--sink-tokens", type=int, default=4)
     quality = sub.add_parser("quality")
-    quality.add_argument("--checkpoint", action="append", required=True, help="NAME=FOLDER")
+    quality.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="NAME=FOLDER or NAME=FOLDER:TAIL (exact tail tokens)",
+    )
     quality.add_argument("--windows", type=int, default=8)
     quality.add_argument("--context", type=int, default=1536)
     quality.add_argument("--continuation", type=int, default=256)
@@ -47,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = resolve_model(args.model)
     progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     if args.command == "speed":
-        from benchmarks.acct.speed import run
+        from benchmarks.acct.speed import run_incremental
 
         contexts = [int(c) for c in args.contexts.split(",")]
-        result = run(model_dir, args.checkpoint, contexts, args.rounds, args.source_layers,
-                     args.sink_tokens, progress)  # fmt: skip
+        # written after every context: a run cut short still leaves its evidence
+        for result in run_incremental(model_dir, args.checkpoint, contexts, args.rounds,
+                                      args.source_layers, args.sink_tokens, progress):  # fmt: skip
+            paths = write_result(result, args.out)
     else:
         from benchmarks.acct.quality import run
 
@@ -63,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
 
         for name in args.write_gate:
             gate = gate_of(result, name, args.max_delta_nll, args.min_top1)
-            write_gate(checkpoints[name], gate)
+            write_gate(
+                checkpoints[name].partition(":")[0], gate, result.config["tail_tokens"][name]
+            )
             progress(f"gate of {name}: {'passed' if gate['passed'] else 'FAILED'} {gate}")
-    paths = write_result(result, args.out)
+    if args.command != "speed":
+        paths = write_result(result, args.out)
     print(headline_text(result.headline))
     print(paths["json"])
     return 0

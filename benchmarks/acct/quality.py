@@ -6,7 +6,8 @@ it. Same windows, one run, for every variant:
 
 - ``own``: the target's own prefill (reference);
 - ``acct:<name>``: each checkpoint's import (first k layers + converters +
-  exact sinks), e.g. the ridge initialisation and the KL-trained converters;
+  exact sinks, optionally an exact tail: ``NAME=FOLDER:TAIL``), e.g. the ridge
+  initialisation and the KL-trained converters;
 - ``truncated:<N>``: own prefill of the last N context tokens only, N matched
   to the import's compute (k * context + (L - k) * sinks layer-tokens);
 - ``no_context``.
@@ -46,9 +47,10 @@ def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
         continuation: int, progress=print) -> BenchResult:  # fmt: skip
     torch.set_num_threads(1)
     target = TorchLlama.from_pretrained(model_dir)
-    pipelines = {
-        name: load_pipeline(path, model_dir, target)[0] for name, path in checkpoints.items()
-    }
+    pipelines = {}
+    for name, spec in checkpoints.items():
+        path, _, tail = spec.partition(":")
+        pipelines[name] = load_pipeline(path, model_dir, target, int(tail) if tail else None)[0]
     data = eval_windows(AutoTokenizer.from_pretrained(model_dir), context, continuation, windows)
     per_window = []
     for i, window in enumerate(data):
@@ -91,6 +93,7 @@ def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
             "equal_compute_tokens": {
                 n: equal_compute_tokens(p, context) for n, p in pipelines.items()
             },
+            "tail_tokens": {n: p.tail_tokens for n, p in pipelines.items()},
             "window_ids": [w.conversation_id for w in data],
             "per_window": per_window,
         },  # fmt: skip

@@ -13,6 +13,7 @@ Headline: the speed-up (own / import) at the longest context, target >= 6.5x.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 
@@ -49,6 +50,15 @@ def _cpu_seconds(fn, *args) -> float:
 
 def run(model_dir, checkpoint: str | None, contexts: list[int], rounds: int,
         source_layers: int, sink_tokens: int, progress=print) -> BenchResult:  # fmt: skip
+    """The result over every context (see :func:`run_incremental`)."""
+    results = list(run_incremental(model_dir, checkpoint, contexts, rounds, source_layers,
+                                   sink_tokens, progress))  # fmt: skip
+    return results[-1]
+
+
+def run_incremental(model_dir, checkpoint: str | None, contexts: list[int], rounds: int,
+                    source_layers: int, sink_tokens: int, progress=print):  # fmt: skip
+    """Yield the result so far after each context (a long run leaves evidence as it goes)."""
     torch.set_num_threads(1)
     target = TorchLlama.from_pretrained(model_dir)
     if checkpoint:
@@ -75,6 +85,12 @@ def run(model_dir, checkpoint: str | None, contexts: list[int], rounds: int,
             variants[name][f"cpu_s_{n}"] = med
         variants["acct_import"][f"speedup_{n}"] = med_own / med_imp
         equal_compute[n] = equal_compute_tokens(pipeline, n)
+        yield _result(model_dir, checkpoint, pipeline, rounds, variants, series, equal_compute)
+
+
+def _result(model_dir, checkpoint, pipeline, rounds, variants, series, equal_compute):
+    variants, series = copy.deepcopy(variants), copy.deepcopy(series)
+    contexts = [p["context"] for p in series["own_prefill"]]
     longest = max(contexts)
     for name in variants:
         variants[name]["tokens_per_cpu_s"] = longest / variants[name][f"cpu_s_{longest}"]

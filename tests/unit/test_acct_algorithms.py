@@ -113,6 +113,30 @@ def test_source_layers_and_sinks_are_exact_converted_layers_are_not(tiny):
     assert pipeline.cost_layer_tokens(20) == k * 20 + (shape.num_layers - k) * sinks
 
 
+def test_exact_tail_runs_the_targets_own_layers_over_the_import(tiny):
+    _, _, model = tiny
+    converters = Converters(model.shape, 1)
+    for linear in converters.proj:
+        torch.nn.init.normal_(linear.weight, std=0.3)
+    ids = _ids(30, seed=5)
+    with torch.no_grad():
+        own = own_prefill(model, ids)
+        # a tail covering every non-sink token: nothing converted, the target's own KV
+        whole = AcctPipeline(model, converters, 3, tail_tokens=27).build_cache(ids)
+        for (k1, v1), (k2, v2) in zip(whole, own, strict=True):
+            torch.testing.assert_close(k1, k2, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(v1, v2, atol=1e-5, rtol=1e-5)
+        part = AcctPipeline(model, converters, 3, tail_tokens=5)
+        cache, plain = part.build_cache(ids), AcctPipeline(model, converters, 3).build_cache(ids)
+    for layer in converters.layers:
+        assert cache[layer][0].shape == own[layer][0].shape
+        assert torch.equal(cache[layer][1][:, :25], plain[layer][1][:, :25])
+        assert not torch.allclose(cache[layer][1][:, 25:], plain[layer][1][:, 25:])
+    layers = model.shape.num_layers
+    assert part.cost_layer_tokens(30) == 30 + (layers - 1) * (3 + 5)
+    assert AcctPipeline(model, converters, 3, tail_tokens=50).cost_layer_tokens(30) == 30 * layers
+
+
 def test_ridge_recovers_the_first_converted_layer_exactly(tiny):
     # target layer k's pre-RoPE K and V are linear in the RMS-normalised h_k: ridge finds them
     _, _, model = tiny

@@ -66,6 +66,7 @@ class CheckpointMeta:
     sink_tokens: int
     trained: dict[str, Any] = field(default_factory=dict)
     gate: dict[str, Any] | None = None
+    tail_tokens: int = 0  # set with the gate: the pipeline the gate measured
     format: int = FORMAT
 
 
@@ -93,9 +94,11 @@ def read_meta(folder: str | os.PathLike) -> CheckpointMeta:
     return CheckpointMeta(**{k: v for k, v in data.items() if k in names})
 
 
-def write_gate(folder: str | os.PathLike, gate: dict[str, Any]) -> None:
+def write_gate(folder: str | os.PathLike, gate: dict[str, Any], tail_tokens: int = 0) -> None:
+    """Store a gate report and the tail it was measured with (the connector serves that)."""
     meta = read_meta(folder)
     meta.gate = gate
+    meta.tail_tokens = tail_tokens
     path = Path(folder) / META_FILE
     tmp = path.with_name(f".{META_FILE}.tmp")
     tmp.write_text(json.dumps(dataclasses.asdict(meta), indent=2, sort_keys=True) + "\n")
@@ -117,9 +120,15 @@ def load_converters(
 
 
 def load_pipeline(
-    checkpoint: str, model_dir: str | os.PathLike, target: TorchLlama
+    checkpoint: str,
+    model_dir: str | os.PathLike,
+    target: TorchLlama,
+    tail_tokens: int | None = None,
 ) -> tuple[AcctPipeline, CheckpointMeta | None]:
-    """The pipeline a checkpoint describes, after checking it was fitted for ``model_dir``."""
+    """The pipeline a checkpoint describes, after checking it was fitted for ``model_dir``.
+
+    ``tail_tokens`` overrides the checkpoint's (evaluation of other settings).
+    """
     if checkpoint == IDENTITY:
         return AcctPipeline(target, None), None
     meta = read_meta(checkpoint)
@@ -130,4 +139,5 @@ def load_pipeline(
         )
     converters, meta = load_converters(checkpoint, target.shape)
     converters = converters.to(target.dtype).requires_grad_(False)
-    return AcctPipeline(target, converters, meta.sink_tokens), meta
+    tail = meta.tail_tokens if tail_tokens is None else tail_tokens
+    return AcctPipeline(target, converters, meta.sink_tokens, tail), meta

@@ -68,7 +68,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     model_dir = resolve_model(args.model)
     target = TorchLlama.from_pretrained(model_dir)
-    pipeline, meta = ckpt.load_pipeline(args.checkpoint, model_dir, target)
+    pipeline, meta = ckpt.load_pipeline(args.checkpoint, model_dir, target, args.tail_tokens)
     windows = eval_windows(_tokenizer(model_dir), args.context, args.continuation, args.windows)
     with tqdm(total=len(windows), desc="eval") as bar:
         result = evaluate(pipeline, windows, bar)
@@ -77,13 +77,14 @@ def cmd_eval(args) -> int:
         "continuation": args.continuation,
         "source_layers": pipeline.source_layers,
         "sink_tokens": pipeline.sink_tokens,
+        "tail_tokens": pipeline.tail_tokens,
     }
     gate = gate_report(result, args.max_delta_nll, args.min_top1, settings)
     result["gate"] = gate
     if args.write_gate:
         if meta is None:
             raise SystemExit("the identity import is exact by construction: no gate to write")
-        ckpt.write_gate(args.checkpoint, gate)
+        ckpt.write_gate(args.checkpoint, gate, pipeline.tail_tokens)
     text = json.dumps(result, indent=2, sort_keys=True)
     if args.json:
         Path(args.json).write_text(text + "\n")
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--continuation", type=int, default=256)
     ev.add_argument("--max-delta-nll", type=float, default=0.05)
     ev.add_argument("--min-top1", type=float, default=0.97)
+    ev.add_argument("--tail-tokens", type=int, help="override the checkpoint's exact tail")
     ev.add_argument("--write-gate", action="store_true", help="store the gate in the checkpoint")
     ev.add_argument("--json", help="write the full result here")
     for p in (train, ev):

@@ -139,9 +139,9 @@ class AcctConnector(PublishesCounters, KVConnectorBase_V1):
             meta.gate, self.config.max_delta_nll, self.config.min_top1, self.config.checkpoint
         )
         logger.info(
-            "ACCT: checkpoint %s (first %d layers + converters, %d exact sinks), "
+            "ACCT: checkpoint %s (first %d layers + converters, %d exact sinks, %d exact tail), "
             "held-out delta NLL %.3f, top-1 %.3f",
-            self.config.checkpoint, meta.source_layers, meta.sink_tokens,
+            self.config.checkpoint, meta.source_layers, meta.sink_tokens, meta.tail_tokens,
             meta.gate["delta_nll"], meta.gate["top1"],
         )  # fmt: skip
         return meta

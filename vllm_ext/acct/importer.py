@@ -51,8 +51,16 @@ class ImportJob:
         return list(self.block_ids[self.start // block_size : self.end // block_size])
 
 
+def to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Host ints to ``device``; from pinned memory on CUDA, so the host does not wait."""
+    tensor = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 def slot_mapping(job: ImportJob, block_size: int, device: torch.device) -> torch.Tensor:
-    blocks = torch.tensor(job.block_ids, dtype=torch.int64).to(device, non_blocking=True)
+    blocks = to_device(job.block_ids, device)
     positions = torch.arange(job.start, job.end, device=device)
     return blocks[positions // block_size] * block_size + positions % block_size
 
@@ -119,8 +127,7 @@ class ImportStep:
         states, slots = {}, {}
         for job in self.jobs:
             try:
-                ids = torch.tensor(job.token_ids, dtype=torch.int64)
-                self._ids[job.req_id] = ids = ids.to(self.device, non_blocking=True)
+                self._ids[job.req_id] = ids = to_device(job.token_ids, self.device)
                 states[job.req_id] = self.pipeline.run_source(ids)
                 slots[job.req_id] = slot_mapping(job, self.block_size, self.device)
             except Exception as exc:  # noqa: BLE001 - reported as a load error, vLLM recomputes
