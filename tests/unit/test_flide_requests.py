@@ -8,7 +8,13 @@ from vllm_ext.common.config import ConfigError
 from vllm_ext.flide.batch import FlideInputError, Item, validate_items, validate_labels
 from vllm_ext.flide.classifier import answers
 from vllm_ext.flide.config import FlideConfig, flide_config
-from vllm_ext.flide.plan import parse_items, parse_labels, plan_passes
+from vllm_ext.flide.plan import (
+    engine_step_tokens,
+    parse_items,
+    parse_labels,
+    pass_budget,
+    plan_passes,
+)
 
 
 def tokenize(text: str, special: bool) -> list[int]:
@@ -68,6 +74,23 @@ def test_passes_respect_the_budget_and_keep_order():
     assert [[q.id for q in p.questions] for p in passes] == [["0.0", "0.1"], ["0.2", "1.0"]]
     assert [len(p.items) for p in passes] == [1, 2]
     assert [q.id for p in passes for q in p.questions] == [q.id for q in questions]
+
+
+def test_a_pass_is_capped_at_the_engines_step_tokens():
+    from types import SimpleNamespace
+
+    vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=2048))
+    assert engine_step_tokens(vllm_config) == 2048
+    assert engine_step_tokens(None) is None
+    assert pass_budget(FlideConfig(max_packed_tokens=8192), 2048) == 2048
+    assert pass_budget(FlideConfig(max_packed_tokens=512), 2048) == 512
+    assert pass_budget(FlideConfig(max_packed_tokens=512), None) == 512
+    contexts, questions = parse_items(
+        [{"context": "x" * 99, "questions": ["q" * 30] * 20}], tokenize, CONFIG
+    )
+    passes = plan_passes(contexts, questions, [(1,), (2,)], pass_budget(CONFIG, 256))
+    sizes = [sum(len(c) + sum(len(q) for q in qs) for c, qs in p.items) for p in passes]
+    assert max(sizes) <= 256 and len(passes) == 4
 
 
 def test_answers_renormalise_over_labels():

@@ -25,7 +25,13 @@ from vllm_ext.common.systems import config_from_vllm
 from vllm_ext.flide.batch import FlideInputError, Item, validate_items
 from vllm_ext.flide.classifier import RPC_METHOD, WORKER_EXTENSION, answers
 from vllm_ext.flide.config import SYSTEM
-from vllm_ext.flide.plan import parse_items, parse_labels, plan_passes
+from vllm_ext.flide.plan import (
+    engine_step_tokens,
+    parse_items,
+    parse_labels,
+    pass_budget,
+    plan_passes,
+)
 
 logger = init_logger(__name__)
 ROUTE = "/v1/flide/classify"
@@ -73,6 +79,9 @@ class FlideEndpoint:
 
     async def init_state(self, engine_client, state, args) -> None:
         state.flide_config = config_from_vllm(SYSTEM, args)
+        state.flide_budget = pass_budget(
+            state.flide_config, engine_step_tokens(getattr(engine_client, "vllm_config", None))
+        )
         state.flide_engine = engine_client
         state.flide_counters = _counters()
 
@@ -100,7 +109,7 @@ async def classify(request: Request) -> JSONResponse:
         label_ids = parse_labels(labels, tokenize, config)
         contexts, questions = parse_items(body.get("items"), tokenize, config)
         results, tokens = [], 0
-        passes = plan_passes(contexts, questions, label_ids, config.max_packed_tokens)
+        passes = plan_passes(contexts, questions, label_ids, state.flide_budget)
         max_len = engine.model_config.max_model_len
         for packed in passes:
             validate_items([Item(tuple(c), tuple(map(tuple, qs))) for c, qs in packed.items],

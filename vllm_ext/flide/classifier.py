@@ -6,7 +6,9 @@
 ``llm`` is a ``vllm.LLM`` started with
 ``worker_extension_cls="vllm_ext.flide.worker.FlideWorkerExtension"`` (or a
 model path: the classifier then starts one). The same engine keeps serving
-``generate``; each packed pass runs between its steps.
+``generate``; each packed pass runs between its steps, and no pass is longer
+than ``max_packed_tokens`` or the engine's ``max_num_batched_tokens`` (a
+bigger call is split into several passes).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vllm_ext.flide.config import FlideConfig
-from vllm_ext.flide.plan import Question, parse_items, parse_labels, plan_passes
+from vllm_ext.flide.plan import (
+    Question,
+    engine_step_tokens,
+    parse_items,
+    parse_labels,
+    pass_budget,
+    plan_passes,
+)
 
 WORKER_EXTENSION = "vllm_ext.flide.worker.FlideWorkerExtension"
 RPC_METHOD = "flide_classify"
@@ -67,6 +76,8 @@ class PackedClassifier:
         self.tokenizer = llm.get_tokenizer()
         self.labels = list(labels)
         self.label_ids = parse_labels(self.labels, self._tokenize, self.config)
+        step = engine_step_tokens(getattr(getattr(llm, "llm_engine", None), "vllm_config", None))
+        self.budget = pass_budget(self.config, step)
 
     def _tokenize(self, text: str, special: bool) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=special)
@@ -75,9 +86,7 @@ class PackedClassifier:
         """One :class:`Answer` per question, in input order."""
         contexts, questions = parse_items(items, self._tokenize, self.config)
         results: list[Answer] = []
-        for packed in plan_passes(
-            contexts, questions, self.label_ids, self.config.max_packed_tokens
-        ):
+        for packed in plan_passes(contexts, questions, self.label_ids, self.budget):
             payload = {"items": packed.items, "labels": [list(x) for x in self.label_ids]}
             logp = self.llm.collective_rpc(RPC_METHOD, args=(payload,))[0]
             results += answers(packed.questions, logp, self.labels)

@@ -88,6 +88,25 @@ def parse_labels(labels: Sequence[str], tokenize: Tokenize, config: FlideConfig)
     return [tuple(tokenize(label, False)) for label in labels]
 
 
+def pass_budget(config: FlideConfig, max_num_batched_tokens: int | None) -> int:
+    """Tokens per packed pass: ``max_packed_tokens``, capped at vLLM's ``max_num_batched_tokens``.
+
+    A pass runs between engine steps and holds every other request until it
+    ends; capped so, it is no longer than the longest step vLLM itself
+    schedules, and a bigger call is split into passes that let the engine
+    step in between.
+    """
+    if max_num_batched_tokens is None or max_num_batched_tokens < 1:
+        return config.max_packed_tokens
+    return min(config.max_packed_tokens, max_num_batched_tokens)
+
+
+def engine_step_tokens(vllm_config) -> int | None:
+    """``max_num_batched_tokens`` of a vLLM config (``None`` where it has none)."""
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    return getattr(scheduler, "max_num_batched_tokens", None)
+
+
 def plan_passes(contexts, questions: Sequence[Question], label_ids, budget: int) -> list[Pass]:
     """Group questions into passes of at most ``budget`` packed tokens.
 
