@@ -18,6 +18,8 @@ import vllm_ext
 # modules allowed to import vLLM (adapters); everything else must not
 ADAPTERS = {
     "vllm_ext.acct.connector",
+    "vllm_ext.ark.connector",
+    "vllm_ext.ark.prom",
     "vllm_ext.common.prom",
     "vllm_ext.flide.api",
     "vllm_ext.flide.forward",

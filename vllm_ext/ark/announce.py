@@ -164,14 +164,15 @@ class Announcer:
         if peer_id != self.peer_id:
             self.peers[peer_id] = (socket.gethostbyname(host), int(port))
 
-    def _send(self, payload: bytes) -> None:
+    def _send(self, payload: bytes, counted: bool = True) -> None:
         with self._send_lock:
             for address in self.peers.values():
                 try:
                     self._sock.sendto(payload, address)
                 except OSError:
                     pass  # a peer that is down just misses it; it drops out of views
-            self.counters.inc("announcements_sent")
+            if counted and self.peers:
+                self.counters.inc("announcements_sent")
 
     def announce(self, transfers: Iterable[Transfer]) -> None:
         """Put ``transfers`` (absolute times on this clock) in the own view and tell the peers."""
@@ -190,7 +191,7 @@ class Announcer:
 
     def heartbeat(self) -> None:
         self.view.heard(self.peer_id, self.clock())
-        self._send(encode(self.peer_id, "heartbeat"))
+        self._send(encode(self.peer_id, "heartbeat"), counted=False)
 
     def _overflowed(self, count: int) -> None:
         if count:

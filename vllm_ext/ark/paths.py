@@ -126,3 +126,26 @@ class LearnedMap:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> LearnedMap:
         return cls.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def save_fabric_file(path: str | os.PathLike[str], leaf_of: dict[str, int], n_spines: int,
+                     paths: LearnedMap) -> Path:  # fmt: skip
+    """One JSON file with the host-to-leaf map and the probed paths (``fabric_file``)."""
+    data = json.loads(paths.to_json())
+    data.update(leaf_of=dict(leaf_of), n_spines=int(n_spines))
+    out = Path(path)
+    out.write_text(json.dumps(data), encoding="utf-8")
+    return out
+
+
+def load_fabric_file(path: str | os.PathLike[str]):
+    """``(Fabric, LearnedMap)`` from a file written by :func:`save_fabric_file`."""
+    from vllm_ext.ark.fabric import Fabric
+
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text)
+    try:
+        fabric = Fabric({str(k): int(v) for k, v in data["leaf_of"].items()}, int(data["n_spines"]))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not an ARK fabric file (needs leaf_of and n_spines)") from exc
+    return fabric, LearnedMap.from_json(text)
