@@ -67,9 +67,18 @@ class V2StepLayout:
             req_ids=ids,
             starts=starts,
             computed=np.array([computed[r] for r in ids], dtype=np.int64),
-            prompt=np.array([self._prompt[r] for r in ids], dtype=np.int64),
+            prompt=np.array([self._prompt_of(r) for r in ids], dtype=np.int64),
             written=int(starts[-1]),
         )
+
+    def _prompt_of(self, req_id: str) -> int:
+        try:
+            return self._prompt[req_id]
+        except KeyError:
+            raise ProbeError(
+                f"request {req_id} runs in Model Runner V2's batch but was never scheduled "
+                "as new (its prompt length is unknown)"
+            ) from None
 
     def layout(self) -> BatchLayout | None:
         """The announced step's layout, once (None when no step was announced)."""

@@ -40,6 +40,8 @@ DEFAULT_INNER_FORMAT = "auto"
 PROBE: ProbeState | None = None
 # on Model Runner V2: where the LeapConnector hands over each step's rows
 V2_STEPS: V2StepLayout | None = None
+# the wrapped format's loader of the last LeapModelLoader (logs and tests read it)
+LAST_INNER_LOADER = None
 
 
 def inner_load_config(load_config):
@@ -60,8 +62,9 @@ class LeapModelLoader(BaseModelLoader):
     """Loads with the wrapped format's loader, then installs the LEAP probe."""
 
     def __init__(self, load_config):
+        global LAST_INNER_LOADER
         super().__init__(load_config)
-        self.inner = get_model_loader(inner_load_config(load_config))
+        self.inner = LAST_INNER_LOADER = get_model_loader(inner_load_config(load_config))
         logger.info("LEAP loader wraps load format %r", self.inner.load_config.load_format)
 
     def download_model(self, model_config) -> None:
