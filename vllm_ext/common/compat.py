@@ -21,8 +21,10 @@ where that runner exists.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from importlib import metadata
@@ -51,6 +53,7 @@ class Seam:
     why: str
     params: tuple[str, ...] = ()
     runner: str = ""  # "", "v1" or "v2"
+    moved_to: tuple[str, ...] = ()  # modules a later vLLM keeps it in (see locate)
 
     @property
     def name(self) -> str:
@@ -256,9 +259,10 @@ SEAMS: tuple[Seam, ...] = (
     Seam("flide", "torch.nn", "Module._modules", "instance",
          "layers are swapped for the pass (parent._modules[name])"),
     Seam("flide", "vllm._custom_ops", "chunk_gated_delta_rule_cpu", "signature",
-         "CPU delta rule per lineage",
+         "CPU delta rule per lineage (vLLM 0.34 moved it to vllm._cpu_ops: use locate())",
          ("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
-          "cu_seqlens", "head_first", "use_qk_l2norm_in_kernel", "initial_state_indices")),
+          "cu_seqlens", "head_first", "use_qk_l2norm_in_kernel", "initial_state_indices"),
+         moved_to=("vllm._cpu_ops",)),
     Seam("flide", "vllm.third_party.flash_linear_attention.ops", "chunk_gated_delta_rule",
          "symbol", "GPU delta rule per lineage"),
     Seam("flide", "vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker", "source",
@@ -309,6 +313,30 @@ def _resolve(module: str, qualname: str):
     return obj
 
 
+def _found(seam: Seam) -> Seam:
+    """``seam`` at the first of its modules that has it (its own, then ``moved_to``)."""
+    for module in (seam.module, *seam.moved_to):
+        try:
+            _resolve(module, seam.qualname)
+        except (ImportError, AttributeError):
+            continue
+        return dataclasses.replace(seam, module=module)
+    return seam
+
+
+def locate(system: str, qualname: str):
+    """The object a :data:`SEAMS` entry names, wherever this vLLM keeps it.
+
+    E.g. ``locate("flide", "chunk_gated_delta_rule_cpu")``: ``vllm._custom_ops``
+    up to vLLM 0.33, ``vllm._cpu_ops`` from 0.34.
+    """
+    for seam in seams_of(system):
+        if seam.qualname == qualname:
+            found = _found(seam)
+            return _resolve(found.module, found.qualname)
+    raise KeyError(f"{system}: {qualname} is not in vllm_ext.common.compat.SEAMS")
+
+
 def _owner_and_attr(seam: Seam):
     owner, _, attr = seam.qualname.rpartition(".")
     return (_resolve(seam.module, owner) if owner else importlib.import_module(seam.module)), attr
@@ -335,6 +363,7 @@ def seam_problem(seam: Seam) -> str | None:
     ``instance`` entries check only that their class exists (the attribute is
     set in ``__init__``: :func:`check_instance` checks it on an instance).
     """
+    seam = _found(seam)
     try:
         if seam.kind == "instance":
             owner, _ = _owner_and_attr(seam)
