@@ -313,7 +313,7 @@ def _resolve(module: str, qualname: str):
     return obj
 
 
-def _found(seam: Seam) -> Seam:
+def _found(seam: Seam) -> Seam:  # also read by compat_check
     """``seam`` at the first of its modules that has it (its own, then ``moved_to``)."""
     for module in (seam.module, *seam.moved_to):
         try:

@@ -98,5 +98,9 @@ class LeapModelLoader(BaseModelLoader):
         else:  # Model Runner V2: the connector hands over each step's rows
             V2_STEPS = V2StepLayout()
             probe.bind_layout(V2_STEPS)
+            logger.warning(
+                "LEAP on Model Runner V2: the probe maps rows through start_load_kv's "
+                "request_ids (tested on V2's structures, not yet in a V2 engine)"
+            )
         PROBE = probe
         return model
