@@ -17,7 +17,7 @@ STAMP := $(VENV)/.vllm_ext-installed
 BENCH_SYSTEMS := suite leap histate flide
 
 .PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench bench-deps \
-        $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed lint clean
+        $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed compat lint clean
 
 install: $(STAMP)
 
@@ -74,6 +74,12 @@ $(addprefix bench-,$(BENCH_SYSTEMS)): bench-%: bench-deps
 # ARK on a network-namespace leaf-spine (needs root): benchmarks/out/ark_testbed.json
 ark-testbed: install
 	$(PY) -m benchmarks.ark.testbed
+
+# import-level check of every vLLM seam against another release (not part of `make test`):
+# a side venv .compat/$(VLLM) with that vLLM wheel, then docs/compat.md for every checked release
+VLLM ?= 0.34.0
+compat: install
+	$(PY) -m vllm_ext.common.compat_check build $(VLLM)
 
 lint: install
 	$(PY) -m ruff check vllm_ext patches tests benchmarks

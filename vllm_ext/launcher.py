@@ -51,12 +51,11 @@ SYSTEMS: dict[str, SystemLaunch] = {
         },
         flags=("--load-format", "leap"),
         flag_reasons={
-            "--load-format": "LEAP needs --load-format leap: its loader wraps vLLM's default "
-            "loader (weights load as with 'auto') to install the length probe before "
-            "compilation",
+            "--load-format": "LEAP needs --load-format leap: its loader wraps the load "
+            "format named in --model-loader-extra-config "
+            "'{\"leap_inner_load_format\": ...}' (default auto) to install the length "
+            "probe before compilation",
         },
-        # the probe maps batch rows to requests through the V1 model runner
-        env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
     ),
     "histate": SystemLaunch(
         "histate",

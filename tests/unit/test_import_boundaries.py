@@ -27,6 +27,7 @@ ADAPTERS = {
     "vllm_ext.histate.connector",
     "vllm_ext.histate.device_pool",
     "vllm_ext.histate.metadata",
+    "vllm_ext.leap.batch_layout",
     "vllm_ext.leap.connector",
     "vllm_ext.leap.loader",
     "vllm_ext.leap.request_queue",

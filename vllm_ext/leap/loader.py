@@ -1,53 +1,106 @@
-"""``--load-format leap``: vLLM's default loader plus the LEAP probe, installed at load time.
+"""``--load-format leap``: the load format the user asked for, plus the LEAP probe.
 
-Extends ``vllm.model_executor.model_loader.DefaultModelLoader`` (vLLM 0.32.0).
-The loader is the one seam that runs in the worker after the model exists and
-before ``torch.compile`` / graph capture, so the hook it installs keeps
-firing in compiled runs. Weights load exactly as with ``--load-format auto``.
+Wraps any registered vLLM loader (``vllm.model_executor.model_loader``,
+checked on vLLM 0.32-0.34): the inner format is named in
+``--model-loader-extra-config '{"leap_inner_load_format": "gguf"}'`` (default
+``auto``), and the rest of that extra config goes to the inner loader
+unchanged. The loader is the one seam that runs in the worker after the model
+exists and before ``torch.compile`` / graph capture, so the hook it installs
+keeps firing in compiled runs.
+
+The probe maps its buffer rows to requests with the step's batch layout. On
+Model Runner V2 the LeapConnector hands it that layout every step
+(``start_load_kv``'s ``request_ids`` / ``scheduler_output``); on the V1 runner
+(the CPU build of vLLM 0.32/0.33) it reads the runner's batch, bound here:
+:mod:`vllm_ext.patches.v1_runner_handle` publishes the runner whose
+``load_model`` is running, and its type is checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from vllm.model_executor.model_loader import DefaultModelLoader
+from vllm.model_executor.model_loader import get_model_loader
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.platforms import current_platform
 
 from vllm_ext.common.log import get_logger
-from vllm_ext.leap.probe import ProbeState, decoder_layers, find_calling_runner
+from vllm_ext.leap.batch_layout import V1RunnerLayout, V2StepLayout
+from vllm_ext.leap.probe import ProbeState, decoder_layers
 from vllm_ext.leap.settings import leap_config_from_vllm
+from vllm_ext.patches import v1_runner_handle
 
 logger = get_logger(__name__)
 
 LOAD_FORMAT = "leap"
+INNER_FORMAT_KEY = "leap_inner_load_format"
+DEFAULT_INNER_FORMAT = "auto"
 
 # the probe of this worker process, read by the worker-side LeapConnector
 PROBE: ProbeState | None = None
+# on Model Runner V2: where the LeapConnector hands over each step's rows
+V2_STEPS: V2StepLayout | None = None
+# the wrapped format's loader of the last LeapModelLoader (logs and tests read it)
+LAST_INNER_LOADER = None
 
 
-class LeapModelLoader(DefaultModelLoader):
-    """DefaultModelLoader that installs the LEAP probe on the loaded model."""
+def inner_load_config(load_config):
+    """The ``LoadConfig`` of the wrapped format: its name taken out of the extra config."""
+    extra = load_config.model_loader_extra_config
+    if not isinstance(extra, dict):
+        raise ValueError(
+            f"--model-loader-extra-config must be a JSON object for --load-format {LOAD_FORMAT}"
+        )
+    extra = dict(extra)
+    inner = extra.pop(INNER_FORMAT_KEY, DEFAULT_INNER_FORMAT)
+    if inner == LOAD_FORMAT:
+        raise ValueError(f"{INNER_FORMAT_KEY} cannot be {LOAD_FORMAT!r} itself")
+    return dataclasses.replace(load_config, load_format=inner, model_loader_extra_config=extra)
+
+
+class LeapModelLoader(BaseModelLoader):
+    """Loads with the wrapped format's loader, then installs the LEAP probe."""
 
     def __init__(self, load_config):
-        # DefaultModelLoader validates load_format against the formats it knows
-        super().__init__(dataclasses.replace(load_config, load_format="auto"))
+        global LAST_INNER_LOADER
+        super().__init__(load_config)
+        self.inner = LAST_INNER_LOADER = get_model_loader(inner_load_config(load_config))
+        logger.info("LEAP loader wraps load format %r", self.inner.load_config.load_format)
+
+    def download_model(self, model_config) -> None:
+        self.inner.download_model(model_config)
+
+    def load_weights(self, model, model_config) -> None:
+        self.inner.load_weights(model, model_config)
+
+    def get_external_weight_memory(self, vllm_config) -> int:
+        return self.inner.get_external_weight_memory(vllm_config)
 
     def load_model(self, vllm_config, model_config, prefix: str = ""):
-        global PROBE
-        runner = find_calling_runner()
-        model = super().load_model(
+        global PROBE, V2_STEPS
+        runner = v1_runner_handle.loading_runner()
+        model = self.inner.load_model(
             vllm_config=vllm_config, model_config=model_config, prefix=prefix
         )
         config = leap_config_from_vllm(vllm_config)
-        layer = config.resolve_layer(len(decoder_layers(model)))
         probe = ProbeState(
-            layer,
+            config.resolve_layer(len(decoder_layers(model))),
             config.pooling,
             model_config.get_hidden_size(),
             vllm_config.scheduler_config.max_num_batched_tokens,
             refine_every=config.decode_probe_every,
             deferred=config.probe_deferred(current_platform.is_cuda()),
         )
-        probe.install(model, runner)
+        probe.install(model)
+        if runner is not None:
+            probe.bind_layout(V1RunnerLayout(runner))
+            V2_STEPS = None
+        else:  # Model Runner V2: the connector hands over each step's rows
+            V2_STEPS = V2StepLayout()
+            probe.bind_layout(V2_STEPS)
+            logger.warning(
+                "LEAP on Model Runner V2: the probe maps rows through start_load_kv's "
+                "request_ids (tested on V2's structures, not yet in a V2 engine)"
+            )
         PROBE = probe
         return model

@@ -5,8 +5,9 @@ layer's residual-stream output (``hidden + residual``) for the whole batch into
 a preallocated buffer; it does nothing else, so it survives ``torch.compile``
 when installed at load time (a hook added after compilation never fires).
 After the forward pass, :meth:`ProbeState.collect` maps buffer rows to requests
-with the model runner's batch layout (vLLM 0.32 V1 runner: ``input_batch``,
-``query_start_loc``) and returns one vector per request whose last prompt
+with the step's :class:`~vllm_ext.leap.batch_layout.BatchLayout` (Model Runner
+V2: handed over by the connector's ``start_load_kv``; V1 runner: read from the
+runner bound at load time) and returns one vector per request whose last prompt
 token was computed in this step, all copied to the host in one transfer.
 Chunked prefill, prefix-cache hits (the first computed chunk starts past the
 cached tokens) and preemption (the prompt is recomputed and the vector
@@ -28,8 +29,9 @@ event, and the *next* call returns them: by then that copy has long finished
 
 from __future__ import annotations
 
-import inspect
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -43,25 +45,54 @@ class ProbeError(RuntimeError):
     """The probe cannot be installed on this model or runner."""
 
 
-def find_calling_runner(max_depth: int = 12) -> Any:
-    """The model runner whose ``load_model`` is (indirectly) calling us.
+@dataclass(frozen=True)
+class BatchLayout:
+    """Which buffer rows belong to which request in one step.
 
-    vLLM 0.32 hands model loaders no reference to the runner; the V1 runner
-    calls ``get_model()`` → ``loader.load_model()`` from its own ``load_model``,
-    so the runner is ``self`` in a calling frame.
+    ``starts[i]:starts[i + 1]`` are the rows of request ``req_ids[i]``, whose
+    first ``computed[i]`` tokens were computed before this step and whose
+    prompt has ``prompt[i]`` tokens. ``written``: rows the forward wrote, when
+    the layout's source knows (Model Runner V2); else the hook counts them.
     """
-    frame = inspect.currentframe()
-    for _ in range(max_depth):
-        frame = frame.f_back if frame else None
-        if frame is None:
-            break
-        candidate = frame.f_locals.get("self")
-        if hasattr(candidate, "input_batch") and hasattr(candidate, "query_start_loc"):
-            return candidate
-    raise ProbeError(
-        "LEAP needs vLLM's V1 model runner (input_batch/query_start_loc); set "
-        "VLLM_USE_V2_MODEL_RUNNER=0 (vllm-ext serve --plugins leap does this)"
-    )
+
+    req_ids: Sequence[str]
+    starts: np.ndarray
+    computed: np.ndarray
+    prompt: np.ndarray
+    written: int | None = None
+
+
+class RunnerSliceLayout:
+    """The layout read from a V1 model runner's batch (``input_batch``, ``query_start_loc``).
+
+    vLLM-free: :class:`~vllm_ext.leap.batch_layout.V1RunnerLayout` type-checks
+    the runner first; tests and ``benchmarks/leap/gpu_probe.py`` pass the same
+    slice built by hand.
+    """
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+
+    def layout(self) -> BatchLayout:
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        return BatchLayout(
+            req_ids=batch.req_ids[:n],
+            starts=np.asarray(self.runner.query_start_loc.cpu[: n + 1], dtype=np.int64),
+            computed=np.asarray(batch.num_computed_tokens_cpu[:n], dtype=np.int64),
+            prompt=np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64),
+        )
+
+    def forget(self, req_ids: Iterable[str]) -> None:
+        pass
+
+
+class LayoutSource(Protocol):
+    """Where a probe gets each step's :class:`BatchLayout` (:mod:`~vllm_ext.leap.batch_layout`)."""
+
+    def layout(self) -> BatchLayout | None: ...
+
+    def forget(self, req_ids: Iterable[str]) -> None: ...
 
 
 def decoder_layers(model: torch.nn.Module) -> Any:
@@ -102,7 +133,7 @@ class ProbeState:
         self.deferred = deferred
         self.buffer = torch.zeros(0, hidden_size)
         self.rows_written = 0
-        self.runner: Any = None
+        self._source: LayoutSource | None = None
         self._sums: dict[str, tuple[torch.Tensor, int]] = {}
         # deferred delivery: the last step's rows on their way to the host
         self._pending: _PendingCopy | None = None
@@ -117,7 +148,7 @@ class ProbeState:
         self.buffer[:n].copy_(state)
         self.rows_written = n
 
-    def install(self, model: torch.nn.Module, runner: Any) -> None:
+    def install(self, model: torch.nn.Module) -> None:
         layers = decoder_layers(model)
         if not 0 <= self.layer < len(layers):
             raise ProbeError(f"probe layer {self.layer} out of range 0..{len(layers) - 1}")
@@ -127,8 +158,25 @@ class ProbeState:
             self.max_tokens, self.hidden_size, dtype=torch.float32, device=device
         )
         layers[self.layer].register_forward_hook(self.hook)
-        self.runner = runner
         logger.info("LEAP probe on decoder layer %d (%s pooling)", self.layer, self.pooling)
+
+    def bind_layout(self, source: LayoutSource) -> None:
+        """Take each step's row -> request mapping from ``source``."""
+        self._source = source
+
+    @property
+    def runner(self) -> Any:
+        return getattr(self._source, "runner", None)
+
+    @runner.setter
+    def runner(self, runner: Any) -> None:
+        """Bind a V1 runner slice as the layout source (see :class:`RunnerSliceLayout`)."""
+        self.bind_layout(RunnerSliceLayout(runner))
+
+    def _layout(self) -> BatchLayout | None:
+        if self._source is None:
+            raise ProbeError("LEAP probe has no batch layout source (loader did not bind one)")
+        return self._source.layout()
 
     def collect(self) -> tuple[dict[str, Any], dict[str, tuple[int, Any]]]:
         """Vectors of the step just computed: ``(prompt_vectors, decode_vectors)``.
@@ -143,7 +191,8 @@ class ProbeState:
         they leave the device in one copy, with no per-float Python conversion.
         With ``deferred`` these are the previous call's step's vectors.
         """
-        step = self._gather()
+        layout = self._layout()
+        step = self._gather(layout) if layout is not None else _StepRows()
         if not self.deferred:
             if step.rows is None:
                 return {}, {}
@@ -153,16 +202,14 @@ class ProbeState:
         self._pending = self._start_copy(step) if step.rows is not None else None
         return ready
 
-    def _gather(self) -> _StepRows:
+    def _gather(self, layout: BatchLayout) -> _StepRows:
         """This step's probe rows on the device and whom they belong to."""
-        batch = self.runner.input_batch
-        n = batch.num_reqs
+        n = len(layout.req_ids)
         # vectorised scan: a decode step of a large batch has no per-request Python work
-        starts = self.runner.query_start_loc.cpu[: n + 1].numpy()
-        computed = np.asarray(batch.num_computed_tokens_cpu[:n], dtype=np.int64)
-        prompt = np.asarray(batch.num_prompt_tokens[:n], dtype=np.int64)
+        starts, computed, prompt = layout.starts, layout.computed, layout.prompt
         first, end = starts[:-1], starts[1:]
-        captured = end <= self.rows_written
+        written = self.rows_written if layout.written is None else layout.written
+        captured = end <= written
         prefilling = np.flatnonzero(captured & (computed < prompt))
         generated = computed - prompt + 1
         due = np.zeros(n, dtype=bool)
@@ -173,13 +220,13 @@ class ProbeState:
         rows = []
         for i in prefilling.tolist():
             upto = min(int(prompt[i]), int(computed[i] + end[i] - first[i]))
-            req_id = batch.req_ids[i]
+            req_id = layout.req_ids[i]
             vector = self._pool(req_id, int(first[i]), int(computed[i]), upto, int(prompt[i]))
             if vector is not None:
                 step.prompt_ids.append(req_id)
                 rows.append(vector)
         for i in np.flatnonzero(due).tolist():
-            step.decode_ids.append(batch.req_ids[i])
+            step.decode_ids.append(layout.req_ids[i])
             step.generated_at.append(int(generated[i]))
             rows.append(self.buffer[int(first[i])])
         step.rows = torch.stack(rows) if rows else None
@@ -221,6 +268,8 @@ class ProbeState:
         """Drop partial mean-pooling sums of finished or aborted requests."""
         for req_id in req_ids:
             self._sums.pop(req_id, None)
+        if self._source is not None:
+            self._source.forget(req_ids)
 
 
 class _StepRows:
