@@ -22,12 +22,11 @@ from tests.e2e.conftest import (
     server_env,
     wait_for_metric,
 )
-from vllm_ext.assets import model_path
-from vllm_ext.assets.leap_weights import weights_path
+from vllm_ext.assets import leap_weights_path, model_path
 from vllm_ext.leap.runtime import HINT_KEY
 from vllm_ext.serving import VllmServer
 
-LONG_TOKENS = 160
+LONG_TOKENS = 96
 SHORT_TOKENS = 8
 
 
@@ -39,7 +38,9 @@ def _one_slot(args: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "leap.log"
-    leap = {"leap": {"weights_path": str(weights_path())}}
+    # no aging within the test: on a loaded machine a slow long request must not turn into
+    # an aged one that goes first (max_wait_s is LEAP's bound against starvation)
+    leap = {"leap": {"weights_path": str(leap_weights_path()), "max_wait_s": 3600.0}}
     args = [*_one_slot(SERVE_ARGS), "--served-model-name", "smollm2", "--plugins", "leap",
             "--additional-config", json.dumps(leap)]  # fmt: skip
     with VllmServer(
@@ -79,16 +80,17 @@ def test_short_requests_overtake_a_long_one_that_arrived_first(server, client):
     def long_request() -> int:
         stream = client.completions.create(
             model="smollm2", prompt="Tell me a long story about the sea.", stream=True,
-            max_tokens=LONG_TOKENS, temperature=0,
+            max_tokens=LONG_TOKENS, temperature=0, stream_options={"include_usage": True},
             extra_body={"min_tokens": LONG_TOKENS, "vllm_xargs": {HINT_KEY: LONG_TOKENS}},
         )  # fmt: skip
-        chunks = 0
+        tokens = 0
         for chunk in stream:
             if chunk.choices and chunk.choices[0].text:
-                chunks += 1
                 started.set()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
         done("long")
-        return chunks
+        return tokens
 
     def short_request(i: int) -> int:
         reply = client.completions.create(
@@ -100,18 +102,17 @@ def test_short_requests_overtake_a_long_one_that_arrived_first(server, client):
 
     with ThreadPoolExecutor(4) as pool:
         long = pool.submit(long_request)
-        assert started.wait(timeout=120), "the long request produced no token"
+        assert started.wait(timeout=600), "the long request produced no token"
         shorts = [pool.submit(short_request, i) for i in range(3)]
-        short_tokens = [s.result(timeout=300) for s in shorts]
-        long_chunks = long.result(timeout=300)
+        short_tokens = [s.result(timeout=600) for s in shorts]
+        long_tokens = long.result(timeout=600)
 
     assert finished[-1] == "long", finished
     assert all(0 < n <= SHORT_TOKENS for n in short_tokens)
-    assert long_chunks >= LONG_TOKENS // 2  # parked and resumed, not cut short
+    assert long_tokens == LONG_TOKENS  # parked and resumed, not cut short
     # the overtaking went through LEAP's SRPT preemption of the running request
-    assert wait_for_metric(
-        server, "vllm_ext:leap_preemptions_total", lambda v: v > preemptions
-    ) > preemptions
+    after = wait_for_metric(server, "vllm_ext:leap_preemptions_total", lambda v: v > preemptions)
+    assert after is not None and after > preemptions
 
 
 def test_chat_completion_answers_and_returns_the_prediction(client):
@@ -125,7 +126,7 @@ def test_chat_completion_answers_and_returns_the_prediction(client):
 
 
 def test_different_prompts_get_different_predictions(client):
-    prompts = ["Hi", "Write a detailed essay on the history of the Roman Empire, chapter by chapter."]
+    prompts = ["Hi", "Write a detailed essay on the history of Rome, chapter by chapter."]
     predicted = []
     for prompt in prompts:
         reply = client.completions.create(

@@ -22,11 +22,12 @@ from vllm_ext.common.log import get_logger
 logger = get_logger(__name__)
 
 MANIFEST = "MANIFEST.json"
-CACHE_ENV = "VLLM_EXT_ASSETS_DIR"
+# outside the VLLM_ prefix: vLLM 0.34 refuses to start beside an unknown VLLM_* variable
+CACHE_ENV = "VLLMEXT_ASSETS_DIR"
 
 
 def cache_dir() -> Path:
-    """``$VLLM_EXT_ASSETS_DIR`` or ``~/.cache/vllm_ext/assets``."""
+    """``$VLLMEXT_ASSETS_DIR`` or ``~/.cache/vllm_ext/assets``."""
     root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vllm_ext" / "assets"
     return Path(root)
 
