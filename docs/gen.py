@@ -169,14 +169,16 @@ def _ours(head: Headline) -> str:
 
 
 def _verdict(head: Headline, full: bool = False) -> str:
-    """The ratio target and whether it is met; ``full`` adds the target's other clauses."""
+    """The ratio target and whether it is met; ``full`` adds the target as the result states it."""
     target, met = ratio_target(head)
     if met is None:
         return target
     verdict = f"{target}: {'met' if met else 'missed'}"
-    rest = str(head.target).partition(";")[2].strip() if isinstance(head.target, str) else ""
-    if rest:
-        verdict += f"; also: {rest}" if full else "; other targets in the docs"
+    text = head.target if isinstance(head.target, str) else ""
+    if full and text and text.strip() != target:
+        verdict += f" (stated: {text})"
+    elif ";" in text:
+        verdict += "; other targets in the docs"
     return verdict
 
 
