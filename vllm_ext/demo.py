@@ -211,7 +211,7 @@ def flide_lines(server, checks) -> list[str]:
         lines.append(checks.line(
             f"{text:<52} expected {expected.strip():<8}", got == expected.strip() and same,
             f"Flide {got} (p={result['probs'][result['label']]:.2f}), alone {alone_label.strip()}"
-            f"  {'Flide == separate' if same else 'Flide != separate'} (max |dlogp| {diff:.3f})",
+            f"  {'Flide == separate' if same else 'Flide != separate'} (max |dlogp| {diff:.1e})",
         ))  # fmt: skip
     return lines
 
