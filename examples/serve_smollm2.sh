@@ -2,9 +2,9 @@
 # Serve SmolLM2-135M-Instruct on CPU through vllm-ext, then ask it one question.
 # Systems join with --plugins as they land; `vllm-ext serve --help` lists them.
 set -euo pipefail
-MODEL=$(python -c "from vllm_ext.assets import model_path; print(model_path('smollm2'))")
+MODEL=$(python -m vllm_ext.assets --path smollm2)
 vllm-ext serve "$MODEL" --served-model-name smollm2 --port 8000 \
-    --enforce-eager --kv-cache-memory-bytes 536870912 --max-model-len 4096 &
+    --enforce-eager --kv-cache-memory-bytes 512M --max-model-len 4096 &
 SERVER=$!
 trap 'kill -INT $SERVER' EXIT
 until curl -sf localhost:8000/health >/dev/null; do sleep 1; done

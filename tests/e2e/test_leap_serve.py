@@ -1,13 +1,16 @@
-"""`vllm-ext serve --plugins leap` with calibrated weights: answers, predicts, learns, exports.
+"""`vllm-ext serve --plugins leap` with calibrated weights: reorders, predicts, learns, exports.
 
-One real server (SmolLM2, the ``leap-smollm2`` weights): the probe loader, the
-LeapConnector, the LEAP scheduler and the counters on ``/metrics`` all run in
-vLLM's own processes (API server, EngineCore, worker).
+One real server (SmolLM2, the ``leap-smollm2`` weights) with a single decode
+slot (``--max-num-seqs 1``): the probe loader, the LeapConnector, the LEAP
+scheduler and the counters on ``/metrics`` all run in vLLM's own processes
+(API server, EngineCore, worker). With one slot, vLLM's FCFS must finish the
+request that arrived first before it starts any other; LEAP must not.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,25 +22,27 @@ from tests.e2e.conftest import (
     server_env,
     wait_for_metric,
 )
-from vllm_ext.assets import model_path
-from vllm_ext.assets.leap_weights import weights_path
+from vllm_ext.assets import leap_weights_path, model_path
 from vllm_ext.leap.runtime import HINT_KEY
 from vllm_ext.serving import VllmServer
+
+LONG_TOKENS = 96
+SHORT_TOKENS = 8
+
+
+def _one_slot(args: list[str]) -> list[str]:
+    i = args.index("--max-num-seqs")
+    return [*args[:i], "--max-num-seqs", "1", *args[i + 2 :]]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "leap.log"
-    leap = {"leap": {"weights_path": str(weights_path())}}
-    args = [
-        *SERVE_ARGS,
-        "--served-model-name",
-        "smollm2",
-        "--plugins",
-        "leap",
-        "--additional-config",
-        json.dumps(leap),
-    ]
+    # no aging within the test: on a loaded machine a slow long request must not turn into
+    # an aged one that goes first (max_wait_s is LEAP's bound against starvation)
+    leap = {"leap": {"weights_path": str(leap_weights_path()), "max_wait_s": 3600.0}}
+    args = [*_one_slot(SERVE_ARGS), "--served-model-name", "smollm2", "--plugins", "leap",
+            "--additional-config", json.dumps(leap)]  # fmt: skip
     with VllmServer(
         str(model_path("smollm2")), args, launcher="vllm-ext", env=server_env(), log_path=log
     ) as srv:
@@ -51,58 +56,114 @@ def client(server):
     return OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY")
 
 
+def _counter(server, name: str) -> float:
+    return metric_value(server.get("/metrics"), f"vllm_ext:leap_{name}_total") or 0.0
+
+
+def test_short_requests_overtake_a_long_one_that_arrived_first(server, client):
+    """The long request holds the only slot when three short ones arrive; they finish first.
+
+    FCFS cannot do this: with one slot it runs the first arrival to its end. The
+    long request says how long it is (a client hint, and it cannot stop early);
+    the short ones say nothing: LEAP knows them only by their ``max_tokens`` and,
+    once prefilled, by the probe's prediction.
+    """
+    preemptions = _counter(server, "preemptions")
+    finished: list[str] = []
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def done(name: str) -> None:
+        with lock:
+            finished.append(name)
+
+    def long_request() -> int:
+        stream = client.completions.create(
+            model="smollm2", prompt="Tell me a long story about the sea.", stream=True,
+            max_tokens=LONG_TOKENS, temperature=0, stream_options={"include_usage": True},
+            extra_body={"min_tokens": LONG_TOKENS, "vllm_xargs": {HINT_KEY: LONG_TOKENS}},
+        )  # fmt: skip
+        tokens = 0
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                started.set()
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        done("long")
+        return tokens
+
+    def short_request(i: int) -> int:
+        reply = client.completions.create(
+            model="smollm2", prompt=f"Name a colour number {i}:", max_tokens=SHORT_TOKENS,
+            temperature=0,
+        )  # fmt: skip
+        done(f"short{i}")
+        return reply.usage.completion_tokens
+
+    with ThreadPoolExecutor(4) as pool:
+        long = pool.submit(long_request)
+        assert started.wait(timeout=600), "the long request produced no token"
+        shorts = [pool.submit(short_request, i) for i in range(3)]
+        short_tokens = [s.result(timeout=600) for s in shorts]
+        long_tokens = long.result(timeout=600)
+
+    assert finished[-1] == "long", finished
+    assert all(0 < n <= SHORT_TOKENS for n in short_tokens)
+    assert long_tokens == LONG_TOKENS  # parked and resumed, not cut short
+    # the overtaking went through LEAP's SRPT preemption of the running request
+    after = wait_for_metric(server, "vllm_ext:leap_preemptions_total", lambda v: v > preemptions)
+    assert after is not None and after > preemptions
+
+
 def test_chat_completion_answers_and_returns_the_prediction(client):
     reply = assert_greedy_chat_reply(client, "smollm2", model_path("smollm2"))
     # vLLM 0.32 puts the connector's finish params into the (non-streaming) response
     info = (reply.model_extra.get("kv_transfer_params") or {}).get("leap")
     assert info is not None, reply.model_extra
-    assert info["predicted_tokens"] is not None and info["predicted_tokens"] >= 1
     assert info["output_tokens"] == reply.usage.completion_tokens
+    # a probe prediction from the weights, not the clamp floor FCFS-with-no-probe would show
+    assert info["predicted_tokens"] is not None and info["predicted_tokens"] > 1
 
 
-def test_completion_carries_predicted_tokens(client):
-    reply = client.completions.create(
-        model="smollm2", prompt="Write a haiku about the sea.", max_tokens=12, temperature=0
-    )
-    info = reply.model_extra["kv_transfer_params"]["leap"]
-    assert info["predicted_tokens"] >= 1
-    assert info["output_tokens"] == reply.usage.completion_tokens
-
-
-def _ask_concurrently(client, n: int = 6):
-    """``n`` chat requests at once; odd ones carry a client length hint of ``4 + 6 * i``."""
-
-    def ask(i: int):
-        hint = {"vllm_xargs": {HINT_KEY: 4 + 6 * i}} if i % 2 else None
-        return client.chat.completions.create(
-            model="smollm2",
-            messages=[{"role": "user", "content": f"Count from 1 to {3 + i}."}],
-            temperature=0,
-            max_tokens=24,
-            extra_body=hint,
+def test_different_prompts_get_different_predictions(client):
+    prompts = ["Hi", "Write a detailed essay on the history of Rome, chapter by chapter."]
+    predicted = []
+    for prompt in prompts:
+        reply = client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=4, temperature=0
         )
-
-    with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(ask, range(n)))
-
-
-def test_concurrent_requests_with_and_without_length_hints(client):
-    for reply in _ask_concurrently(client):
-        assert reply.usage.completion_tokens > 0
-        assert reply.model_extra["kv_transfer_params"]["leap"]["predicted_tokens"] >= 1
+        info = reply.model_extra["kv_transfer_params"]["leap"]
+        assert info["output_tokens"] == reply.usage.completion_tokens
+        predicted.append(info["predicted_tokens"])
+    # the probe reads each prompt: a constant (or absent) predictor gives one value
+    assert predicted[0] != predicted[1], predicted
 
 
 def test_a_length_hint_replaces_the_probe_prediction(client):
-    replies = _ask_concurrently(client)
-    hinted = [r.model_extra["kv_transfer_params"]["leap"]["predicted_tokens"] for r in replies]
-    assert hinted[1::2] == [4 + 6 * i for i in range(1, 6, 2)]
+    def ask(i: int):
+        hint = {"vllm_xargs": {HINT_KEY: 4 + 6 * i}} if i % 2 else None
+        return client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": f"Count from 1 to {3 + i}."}],
+            temperature=0, max_tokens=12, extra_body=hint,
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(ask, range(4)))
+    predicted = [r.model_extra["kv_transfer_params"]["leap"]["predicted_tokens"] for r in replies]
+    assert predicted[1::2] == [10, 22]
+    assert all(p is not None and p >= 1 for p in predicted[0::2])
 
 
-def test_leap_counters_on_metrics(server, client):
-    client.completions.create(model="smollm2", prompt="Hello", max_tokens=4, temperature=0)
-    predictions = wait_for_metric(server, "vllm_ext:leap_predictions_total", lambda v: v > 0)
-    assert predictions is not None and predictions > 0
-    # present (learning needs EOS-stopped or under-predicted capped requests)
-    text = server.get("/metrics")
-    assert metric_value(text, "vllm_ext:leap_rls_updates_total") is not None
-    assert "# HELP vllm_ext:leap_predictions_total" in text
+def test_a_request_that_stops_on_its_own_updates_the_head(server, client):
+    updates = _counter(server, "rls_updates")
+    error_sum = _counter(server, "abs_log_error_sum")
+    reply = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=64, temperature=0,
+    )  # fmt: skip
+    # only a request that ended by itself tells the head its true length
+    assert reply.choices[0].finish_reason == "stop", reply
+    after = wait_for_metric(server, "vllm_ext:leap_rls_updates_total", lambda v: v > updates)
+    assert after is not None and after > updates
+    assert _counter(server, "abs_log_error_sum") > error_sum
+    assert "# HELP vllm_ext:leap_predictions_total" in server.get("/metrics")

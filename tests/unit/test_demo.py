@@ -1,12 +1,15 @@
-"""`make demo` passes each enabled system what it needs (LEAP: the calibrated weights asset)."""
+"""`make demo`: what each step is given, what it expects, and how a wrong answer shows."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from vllm_ext import demo
 from vllm_ext.assets import leap_weights
 from vllm_ext.launcher import SYSTEMS
+from vllm_ext.leap import calibrate
 
 
 def test_demo_enables_every_landed_system_by_default(monkeypatch):
@@ -19,31 +22,72 @@ def test_demo_enables_every_landed_system_by_default(monkeypatch):
 
     monkeypatch.setattr(demo, "system_args", stop_before_serving)
     monkeypatch.setattr("vllm_ext.assets.model_path", lambda name: f"/assets/{name}")
-    monkeypatch.setattr("vllm_ext.bench.workloads.sharegpt_requests", lambda *a, **k: [])
-    try:
+    with pytest.raises(SystemExit):
         demo.main([])
-    except SystemExit:
-        pass
     assert seen["plugins"] == sorted(SYSTEMS)
 
 
 def test_leap_gets_the_weights_asset_through_additional_config(monkeypatch):
-    monkeypatch.setattr(leap_weights, "weights_path", lambda: "/assets/leap-smollm2/weights.npz")
+    monkeypatch.setattr("vllm_ext.assets.leap_weights_path", lambda: "/a/leap-smollm2/weights.npz")
     args = demo.system_args(["leap"])
     assert args[0] == "--additional-config"
-    assert json.loads(args[1]) == {"leap": {"weights_path": "/assets/leap-smollm2/weights.npz"}}
+    assert json.loads(args[1]) == {"leap": {"weights_path": "/a/leap-smollm2/weights.npz"}}
     assert demo.system_args([]) == []
 
 
-def test_leap_asset_recipe_is_deterministic_and_names_the_model_recipe(tmp_path):
-    recipe = leap_weights.recipe("smollm2-q4_1-bf16-v1")
-    assert recipe == leap_weights.recipe("smollm2-q4_1-bf16-v1")
-    assert "smollm2-q4_1-bf16-v1" in recipe and "num-prompts=96" in recipe
+def test_every_calibration_setting_and_the_model_recipe_are_in_the_asset_recipe():
+    # a change to any of them must rebuild the leap-smollm2 asset
+    base = leap_weights.recipe("model-v1")
+    assert leap_weights.recipe("model-v2") != base
+    for i, (key, value) in enumerate(leap_weights.CALIBRATION):
+        changed = list(leap_weights.CALIBRATION)
+        changed[i] = (key, value + "0")
+        original = leap_weights.CALIBRATION
+        try:
+            leap_weights.CALIBRATION = tuple(changed)
+            assert leap_weights.recipe("model-v1") != base, key
+        finally:
+            leap_weights.CALIBRATION = original
+
+
+def test_the_calibration_command_is_one_the_calibrate_cli_accepts(monkeypatch, tmp_path):
+    seen = {}
+
+    class Recorded(Exception):
+        pass
+
+    def fake_prompts(name, n, seed, offset=0):
+        seen["prompts"] = (name, n, seed)
+        return ["a prompt"]
+
+    def fake_record(model, prompts, leap, max_tokens, temperature, dtype="auto"):
+        seen["record"] = (model, max_tokens, temperature)
+        raise Recorded
+
+    monkeypatch.setattr(calibrate, "load_prompts", fake_prompts)
+    monkeypatch.setattr(calibrate, "record", fake_record)
     argv = leap_weights.calibrate_argv(tmp_path / "model", tmp_path)
     assert argv[1:3] == ["-m", "vllm_ext.leap.calibrate"]
-    assert argv[argv.index("--out") + 1] == str(tmp_path / "weights.npz")
-    assert argv[argv.index("--max-tokens") + 1] == "128"
-    assert argv[argv.index("--seed") + 1] == "0"
+    with pytest.raises(Recorded):
+        calibrate.main(argv[3:])
+    settings = dict(leap_weights.CALIBRATION)
+    assert seen["prompts"] == (settings["prompts"], int(settings["num-prompts"]),
+                               int(settings["seed"]))  # fmt: skip
+    assert seen["record"] == (str(tmp_path / "model"), int(settings["max-tokens"]), 0.0)
+
+
+def test_the_flide_step_expects_both_classes_and_only_its_labels():
+    expected = [label for _, label in demo.REVIEWS]
+    # a classifier that always answered one label must get some reviews wrong
+    assert set(expected) == set(demo.LABELS)
+    assert len({text for text, _ in demo.REVIEWS}) == len(demo.REVIEWS)
+
+
+def test_a_wrong_answer_is_reported_and_counted():
+    checks = demo.Checks()
+    assert checks.line("right", True, "x") == "  [ok] right: x"
+    assert checks.line("wrong   thing", False) == "  [WRONG] wrong   thing"
+    assert checks.count == 2 and checks.failed == ["wrong thing"]
 
 
 def test_summary_counters_skip_prometheus_created_timestamps():

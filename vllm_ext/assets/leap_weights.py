@@ -7,6 +7,9 @@ before vLLM is imported, and the process that builds assets must stay free of
 a half-torn-down engine. The folder holds ``weights.npz`` (what
 ``--additional-config '{"leap": {"weights_path": ...}}'`` points to) and
 ``calibration.json`` (the held-out quality report of the fit).
+
+This module only knows the recipe; :mod:`vllm_ext.assets.models` registers the
+asset and hands :func:`build` the model folder (so it never imports models).
 """
 
 from __future__ import annotations
@@ -62,10 +65,3 @@ def build(out: Path, model_dir: Path) -> None:
         )
     # the CLI writes its report beside the weights as <stem>.json
     (out / WEIGHTS_FILE).with_suffix(".json").rename(out / REPORT_FILE)
-
-
-def weights_path() -> Path:
-    """``weights.npz`` of the ``leap-smollm2`` asset, built on first use."""
-    from vllm_ext.assets.models import model_path
-
-    return model_path(NAME) / WEIGHTS_FILE

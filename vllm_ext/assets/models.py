@@ -200,3 +200,8 @@ def model_path(name: str, *, verify: bool = False, force: bool = False) -> Path:
         raise KeyError(f"unknown model asset {name!r}; available: {', '.join(MODELS)}")
     asset = MODELS[name]
     return ensure(name, asset.recipe, asset.build, verify=verify, force=force)
+
+
+def leap_weights_path() -> Path:
+    """``weights.npz`` of the ``leap-smollm2`` asset (LEAP's weights_path), built on first use."""
+    return model_path(leap_weights.NAME) / leap_weights.WEIGHTS_FILE

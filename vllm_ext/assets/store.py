@@ -23,6 +23,7 @@ from vllm_ext.common.log import get_logger
 logger = get_logger(__name__)
 
 MANIFEST = "MANIFEST.json"
+# outside the VLLM_ prefix: vLLM 0.34 refuses to start beside an unknown VLLM_* variable
 CACHE_ENV = "VLLMEXT_ASSETS_DIR"
 
 
