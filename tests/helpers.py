@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from vllm_ext.assets import model_path
 
@@ -15,8 +16,8 @@ ENGINE_DEFAULTS = dict(
 
 
 @contextmanager
-def engine(model: str, **kwargs) -> Iterator:
-    """An in-process ``vllm.LLM`` over model asset ``model``; freed on exit.
+def engine(model: str | Path, **kwargs) -> Iterator:
+    """An in-process ``vllm.LLM`` over model asset ``model`` (or a model folder); freed on exit.
 
     Callers must drop their reference (``del llm``) before starting another engine.
     """
@@ -25,7 +26,8 @@ def engine(model: str, **kwargs) -> Iterator:
     # an engine finalized while another runs would tear down the shared
     # distributed state under it: finish off dropped engines first
     gc.collect()
-    llm = LLM(model=str(model_path(model)), **{**ENGINE_DEFAULTS, **kwargs})
+    folder = model if isinstance(model, Path) else model_path(model)
+    llm = LLM(model=str(folder), **{**ENGINE_DEFAULTS, **kwargs})
     try:
         yield llm
     finally:

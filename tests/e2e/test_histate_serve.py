@@ -5,11 +5,14 @@ scheduler half in EngineCore, its page copies in the worker process, the
 counters in the API server). The same long prompt is sent twice with vLLM's
 device prefix cache reset in between (``POST /reset_prefix_cache``, a dev-mode
 route); the second answer equals the first and HiState's counters show the hit.
+Served as a new user types it (``--plugins histate`` and the memory flag only),
+the start-up refuses with the flag to pass instead of storing nothing.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import numpy as np
@@ -17,7 +20,7 @@ import pytest
 
 from tests.e2e.conftest import SERVE_ARGS, metric_value, server_env, wait_for_metric
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer
+from vllm_ext.serving import ServerError, VllmServer
 
 PROMPT = np.random.default_rng(11).integers(100, 30000, size=900).tolist()
 
@@ -66,3 +69,24 @@ def test_restored_prefix_answers_identically_and_is_counted(server):
     text = server.get("/metrics")
     assert metric_value(text, "vllm_ext:histate_snapshots_loaded_host_total") == 1
     assert "# HELP vllm_ext:histate_ssd_corrupt_total" in text
+
+
+def test_plain_plugins_histate_refuses_naming_the_flag(tmp_path):
+    # vLLM's default chunk limit (2048) does not end chunks on the hybrid block's
+    # boundaries when the worker runs in its own process (vLLM's default, which
+    # tests/conftest.py turns off): HiState would store KV but never a state
+    env = {**server_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    histate = {"directory": str(tmp_path / "ssd"), "host_bytes": 64 << 20}
+    config = json.dumps({"histate": histate})
+    args = [*SERVE_ARGS, "--plugins", "histate", "--additional-config", config]
+    server = VllmServer(
+        str(model_path("tiny-hybrid")), args, launcher="vllm-ext", env=env,
+        log_path=tmp_path / "refused.log",
+    )  # fmt: skip
+    with pytest.raises(ServerError) as refused:
+        server.start()
+    server.stop()
+    block = re.search(r"pass --max-num-batched-tokens (\d+)", str(refused.value))
+    assert block is not None, server.log_tail()
+    assert int(block.group(1)) in (384, 640)  # bf16 or float32 state, by CPU
+    assert "HiState needs prefill chunks that end on the" in str(refused.value)

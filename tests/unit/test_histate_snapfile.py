@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import numpy as np
 import pytest
 
 from vllm_ext.histate import snapfile
-from vllm_ext.histate.snapfile import SnapshotStore, namespace_id, pack_arrays, unpack_arrays
+from vllm_ext.histate.snapfile import (
+    TMP_SUFFIX,
+    WRITERS,
+    SnapshotStore,
+    namespace_id,
+    pack_arrays,
+    unpack_arrays,
+)
 
 NS = "model=tiny;dtype=bf16;layers=GGGA;block=64;tp=0/1"
 
@@ -199,3 +207,52 @@ def test_unusable_directory_is_refused_at_start(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(ValueError, match="not usable"):
         SnapshotStore(blocker / "sub", NS)
+
+
+def test_a_second_writer_never_removes_a_live_writers_in_flight_files(tmp_path, monkeypatch):
+    first = SnapshotStore(tmp_path, "ns", fsync=True)
+    in_flight, resume = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def paused_fsync(fd):
+        # the first writer's payload is written to its temp file, not yet renamed
+        if threading.current_thread().name == "first-writer":
+            in_flight.set()
+            resume.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", paused_fsync)
+    results = []
+    writer = threading.Thread(
+        target=lambda: results.append(first.put("k", b"state" * 100)), name="first-writer"
+    )
+    writer.start()
+    assert in_flight.wait(30)
+    (temp,) = first.root.glob("*" + TMP_SUFFIX)
+    second = SnapshotStore(tmp_path, "ns", fsync=True)  # an engine starting on the same folder
+    assert temp.exists() and second.counters.value("ssd_stale_temp_removed") == 0
+    resume.set()
+    writer.join(30)
+    assert results == [True] and first.get("k") == b"state" * 100
+    second.close()
+    first.close()
+
+
+def test_temp_files_of_dead_writers_and_unnamed_ones_are_removed(tmp_path):
+    dead = SnapshotStore(tmp_path, "ns", fsync=False)
+    orphan = dead.root / f"{'a' * 40}.{dead.writer}.1234{TMP_SUFFIX}"
+    orphan.write_bytes(b"half a write")
+    legacy = dead.root / f"{'b' * 40}.5678{TMP_SUFFIX}"
+    legacy.write_bytes(b"half a write")
+    live = SnapshotStore(tmp_path, "ns", fsync=False)
+    assert orphan.exists() and not legacy.exists()  # its writer still holds the lock
+    # what the kernel does when the writer's process dies: the lock goes, its file stays
+    os.close(dead._writer_lock)
+    dead._writer_lock = None
+    again = SnapshotStore(tmp_path, "ns", fsync=False)
+    assert not orphan.exists() and again.counters.value("ssd_stale_temp_removed") == 1
+    assert sorted(p.stem for p in (tmp_path / WRITERS).glob("*.lock")) == sorted(
+        [live.writer, again.writer]
+    )
+    live.close()
+    again.close()

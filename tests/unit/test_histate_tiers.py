@@ -95,7 +95,7 @@ def test_corrupt_ssd_file_becomes_a_miss_and_leaves_the_tier(tmp_path):
 def test_failed_spill_write_is_not_offered(tmp_path, monkeypatch):
     store = SnapshotStore(tmp_path, "ns")
     cache = TieredCache(_cfg(host_bytes=10, ssd_bytes=100), ssd_store=store)
-    monkeypatch.setattr(store, "put", lambda key, data: False)
+    monkeypatch.setattr(store, "write", lambda key, data: 5)  # EIO
     cache.store("snap:a", Kind.SNAPSHOT, 10, 0.0, payload=b"A" * 10)
     cache.store("snap:b", Kind.SNAPSHOT, 10, 1.0, payload=b"B" * 10)
     assert cache.tier_of("snap:a") is None
@@ -185,3 +185,40 @@ def test_no_ssd_store_means_no_ssd_tier_when_payloads_are_real():
     cache.store("snap:a", Kind.SNAPSHOT, 10, 0.0, payload=b"A" * 10)
     result = cache.store("snap:b", Kind.SNAPSHOT, 10, 1.0, payload=b"B" * 10)
     assert [i.key for i in result.evicted] == ["snap:a"] and cache.tier_of("snap:a") is None
+
+
+def test_a_full_disk_shrinks_the_ssd_tier_so_later_spills_are_kept(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    from vllm_ext.histate import snapfile
+
+    disk = 3 * MB  # the disk holds less than the configured ssd_bytes (8 MiB)
+    store = SnapshotStore(tmp_path, "ns", fsync=False)
+    real_write = os.write
+
+    def bounded_write(fd, data):
+        used = sum(p.stat().st_size for p in store.root.iterdir() if p.is_file())
+        if used + len(data) > disk:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(snapfile.os, "write", bounded_write)
+    cache = TieredCache(_cfg(host_bytes=MB, ssd_bytes=8 * MB), ssd_store=store)
+    size = MB // 4
+    payloads = {f"snap:{i}": bytes([i]) * size for i in range(40)}
+    spilled = []
+    for t, (key, payload) in enumerate(payloads.items()):
+        result = cache.store(key, Kind.SNAPSHOT, size, float(t), payload=payload)
+        spilled += [item.key for item in result.spilled]
+    counters = cache.counters
+    assert counters.value("ssd_disk_full") >= 1
+    assert cache.ssd.capacity < 8 * MB
+    assert counters.value("ssd_capacity_shrunk_bytes") == 8 * MB - cache.ssd.capacity
+    # once the tier knows the disk's size it evicts before writing: the latest
+    # spills are all on the SSD and read back intact, none lost to ENOSPC
+    assert counters.value("ssd_disk_full") < 3
+    for key in spilled[-6:]:
+        assert cache.tier_of(key) == SSD and cache.load(key) == payloads[key]
+    assert sorted(store.keys()) == sorted(item.key for item in cache.ssd)
+    cache.check_invariants()

@@ -47,6 +47,7 @@ from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
 from vllm_ext.common.systems import config_from_vllm
+from vllm_ext.histate.alignment import chunk_limit, chunking_problem, state_dtype_problem
 from vllm_ext.histate.config import SYSTEM, reject_connector_extra_config
 from vllm_ext.histate.device_pool import keep_snapshots_off_device
 from vllm_ext.histate.metadata import (
@@ -101,6 +102,7 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.num_blocks = kv_cache_config.num_blocks
         self.runtime: HiStateRuntime | None = None
         if role == KVConnectorRole.SCHEDULER:
+            self._check_chunking(vllm_config, kv_cache_config)
             self.runtime = HiStateRuntime(
                 self.config, cache_namespace(vllm_config, kv_cache_config), self.counters
             )
@@ -116,6 +118,33 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self._out = HiStateWorkerMetadata()
 
     # ---------------------------------------------------------------- scheduler side
+    def _check_chunking(self, vllm_config, kv_cache_config) -> None:
+        """Refuse a configuration under which no snapshot could ever be stored; log the layout."""
+        sched = vllm_config.scheduler_config
+        limit = chunk_limit(
+            sched.max_num_scheduled_tokens or sched.max_num_batched_tokens,
+            sched.long_prefill_token_threshold,
+        )
+        mamba_block = vllm_config.cache_config.mamba_block_size
+        spec = kv_cache_config.kv_cache_groups[self.mamba_group].kv_cache_spec
+        dtypes = [str(d).removeprefix("torch.") for d in getattr(spec, "dtypes", ())]
+        problem = chunking_problem(self.block_size, mamba_block, limit) or state_dtype_problem(
+            dtypes
+        )
+        if problem is not None:
+            raise ConfigError(problem)
+        ssd = (
+            f"{self.config.ssd_bytes >> 20} MiB in {self.config.directory}"
+            if self.config.directory
+            else "off"
+        )
+        logger.info(
+            "HiState: block size %d tokens, prefill chunks up to %d tokens aligned to %s, state "
+            "dtypes %s; tiers: host %d MiB, SSD %s; policy %s",
+            self.block_size, limit, mamba_block, "/".join(dtypes),
+            self.config.host_bytes >> 20, ssd, self.config.policy,
+        )  # fmt: skip
+
     def bind_kv_cache_manager(self, kv_cache_manager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         hash_size = kv_cache_manager.block_pool.hash_block_size

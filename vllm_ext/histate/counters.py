@@ -9,6 +9,10 @@ COUNTER_SPECS = (
     CounterSpec("ssd_writes", "snapshot files written and made durable"),
     CounterSpec("ssd_write_bytes", "payload bytes written to the SSD tier"),
     CounterSpec("ssd_write_failures", "SSD writes that failed (disk full, EIO, ...); not stored"),
+    CounterSpec("ssd_disk_full", "SSD writes refused with ENOSPC; the SSD tier shrank to what fit"),
+    CounterSpec(
+        "ssd_capacity_shrunk_bytes", "bytes the effective SSD capacity was lowered after ENOSPC"
+    ),
     CounterSpec("ssd_reads", "snapshot files read and verified"),
     CounterSpec("ssd_read_bytes", "payload bytes read from the SSD tier"),
     CounterSpec("ssd_read_failures", "SSD reads that failed with an I/O error; treated as misses"),

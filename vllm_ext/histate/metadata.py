@@ -20,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
 from vllm_ext.common.config import ConfigError
+from vllm_ext.histate.fingerprint import weights_fingerprint
 
 
 @dataclass
@@ -89,6 +90,8 @@ def cache_namespace(vllm_config, kv_cache_config) -> str:
         {
             "model": model.model,
             "revision": model.revision,
+            # the same path with other weights must be another namespace
+            "weights": weights_fingerprint(model.model),
             "dtype": str(model.dtype),
             "cache_dtype": vllm_config.cache_config.cache_dtype,
             "groups": layout,

@@ -260,6 +260,8 @@ class HiStateRuntime:
         self._thread.join(timeout=60)
         if persist:
             self._persist_host_snapshots()
+        if self.tiers.ssd_store is not None:
+            self.tiers.ssd_store.close()
 
     def _persist_host_snapshots(self) -> None:
         store = self.tiers.ssd_store

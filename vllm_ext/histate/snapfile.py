@@ -18,9 +18,13 @@ or layout a miss, never a wrong hit; the length catches truncation; the two
 CRCs catch torn or flipped bytes (vLLM's FS tier has no checksum, so a
 renamed-but-unflushed file reads as garbage; reliability.md 7.1).
 
-Writes go to ``<name>.<random>.tmp`` (``O_EXCL``), are fsynced, atomically
-renamed and the folder fsynced, so a file under its final name is always
-complete. Every failure path (disk full, EIO, read-only) returns False/None
+Writes go to ``<name>.<writer>.<random>.tmp`` (``O_EXCL``), are fsynced,
+atomically renamed and the folder fsynced, so a file under its final name is
+always complete. Each store is one writer: it holds an exclusive ``flock`` on
+``writers/<writer>.lock`` while it lives (the kernel drops it when the process
+dies, kill -9 included), so a second engine on the same folder removes only
+the temp files of writers whose lock is free and never another live writer's
+in-flight files. Every failure path (disk full, EIO, read-only) returns False/None
 and counts; nothing raises into serving. Files failing validation are moved
 to ``quarantine/`` and counted. At start, leftover temp files are removed and
 the index is rebuilt by reading every header, so a restart finds the entries
@@ -30,6 +34,7 @@ again. Methods are safe to call from several threads.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -53,7 +58,7 @@ logger = get_logger(__name__)
 MAGIC = b"HISTSNAP"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sHHIQII")
-SUFFIX, TMP_SUFFIX, QUARANTINE = ".snap", ".tmp", "quarantine"
+SUFFIX, TMP_SUFFIX, QUARANTINE, WRITERS = ".snap", ".tmp", "quarantine", "writers"
 
 
 class CorruptSnapshot(ValueError):
@@ -140,6 +145,8 @@ class SnapshotStore:
         except OSError as exc:
             # a bad folder is a configuration error: refuse at start, not per request
             raise ValueError(f"HiState SSD directory {directory!s} is not usable: {exc}") from exc
+        self.writer = secrets.token_hex(6)
+        self._writer_lock = self._hold_writer_lock()
         self._remove_stale_temps()
         self.rebuild_index()
 
@@ -167,9 +174,13 @@ class SnapshotStore:
 
     def put(self, key: str, payload: bytes) -> bool:
         """Store ``payload`` durably under ``key``; False (counted) on any OS error."""
+        return self.write(key, payload) == 0
+
+    def write(self, key: str, payload: bytes) -> int:
+        """:meth:`put`, returning 0 or the errno that failed it (``ENOSPC``: disk full)."""
         data = encode(self.namespace, key, bytes(payload))
         final = self.path(key)
-        tmp = final.with_name(f"{final.stem}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        tmp = final.with_name(f"{final.stem}.{self.writer}.{secrets.token_hex(4)}{TMP_SUFFIX}")
         try:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except OSError as exc:
@@ -195,7 +206,7 @@ class SnapshotStore:
             self._index[key] = len(payload)
         self.counters.inc("ssd_writes")
         self.counters.inc("ssd_write_bytes", len(payload))
-        return True
+        return 0
 
     def get(self, key: str) -> bytes | None:
         """The verified payload of ``key``, or None (a miss) if absent, corrupt or unreadable."""
@@ -265,7 +276,7 @@ class SnapshotStore:
         logger.info("HiState: %d snapshots found in %s", len(index), self.root)
         return dict(index)
 
-    def _write_failed(self, key: str, tmp: Path, exc: OSError, created: bool) -> bool:
+    def _write_failed(self, key: str, tmp: Path, exc: OSError, created: bool) -> int:
         self.counters.inc("ssd_write_failures")
         logger.warning("HiState: storing snapshot %s failed (%s); not stored", key, exc)
         if created:
@@ -273,7 +284,7 @@ class SnapshotStore:
                 os.unlink(tmp)
             except OSError:
                 pass
-        return False
+        return exc.errno or errno.EIO
 
     def _fsync_dir(self) -> None:
         fd = os.open(self.root, os.O_RDONLY)
@@ -301,10 +312,57 @@ class SnapshotStore:
             except OSError:
                 pass
 
+    def close(self) -> None:
+        """Release this writer's lock (its temp files become removable by the next store)."""
+        if self._writer_lock is not None:
+            os.close(self._writer_lock)
+            self._writer_lock = None
+            try:
+                os.unlink(self._lock_path(self.writer))
+            except OSError:
+                pass
+
+    def _lock_path(self, writer: str) -> Path:
+        return self.quarantine_dir.parent / WRITERS / f"{writer}.lock"
+
+    def _hold_writer_lock(self) -> int:
+        path = self._lock_path(self.writer)
+        path.parent.mkdir(exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+
+    def _writer_alive(self, writer: str) -> bool:
+        """Does a live store hold ``writer``'s lock? (A missing lock file: no.)"""
+        try:
+            fd = os.open(self._lock_path(writer), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def _remove_stale_temps(self) -> None:
+        """Remove the temp files of dead writers (and their lock files); live ones' stay."""
+        alive: dict[str, bool] = {self.writer: True}
         for tmp in self.root.glob("*" + TMP_SUFFIX):
+            parts = tmp.name.split(".")
+            # <name>.<writer>.<random>.tmp; older files carry no writer: never live
+            writer = parts[1] if len(parts) == 4 else ""
+            if writer and alive.setdefault(writer, self._writer_alive(writer)):
+                continue
             try:
                 tmp.unlink()
                 self.counters.inc("ssd_stale_temp_removed")
             except OSError as exc:
                 logger.warning("HiState: cannot remove stale temp file %s: %s", tmp, exc)
+        for lock in self._lock_path(self.writer).parent.glob("*.lock"):
+            if lock.stem != self.writer and not alive.get(lock.stem, self._writer_alive(lock.stem)):
+                try:
+                    lock.unlink()
+                except OSError:
+                    pass

@@ -21,6 +21,7 @@ then misses, which is always allowed.
 
 from __future__ import annotations
 
+import errno
 import threading
 from dataclasses import dataclass, field
 
@@ -210,9 +211,34 @@ class TieredCache:
         for key in deletes:
             self.ssd_store.delete(key)
         for key, data in writes:
-            if not self.ssd_store.put(key, data):
-                with self._lock:
-                    self.ssd.remove(key)
+            code = self.ssd_store.write(key, data)
+            if code == 0:
+                continue
+            with self._lock:
+                self.ssd.remove(key)
+                victims = self._shrink_ssd(len(data)) if code == errno.ENOSPC else []
+            for victim in victims:
+                self.ssd_store.delete(victim.key)
+
+    def _shrink_ssd(self, nbytes: int) -> list[Item]:
+        """The disk refused ``nbytes`` more: cap the tier at what it holds, make room for that.
+
+        ``ssd_bytes`` is a promise the disk may not keep (other files share it): past
+        ENOSPC every later spill would fail while the old files stayed. The lower
+        capacity holds until restart; victims leave by the tier's policy.
+        """
+        old = self.ssd.capacity
+        self.ssd.capacity = min(old, self.ssd.used_bytes)
+        victims = self.ssd.make_room(nbytes)
+        self.counters.inc("ssd_disk_full")
+        self.counters.inc("ssd_capacity_shrunk_bytes", old - self.ssd.capacity)
+        self.counters.inc("ssd_evictions", len(victims))
+        logger.warning(
+            "HiState: SSD disk full; SSD tier capacity lowered from %d to %d bytes, "
+            "%d snapshots evicted",
+            old, self.ssd.capacity, len(victims),
+        )  # fmt: skip
+        return victims
 
     def _adopt_ssd_files(self) -> None:
         """Register snapshot files found at start (a restart finds them again)."""
