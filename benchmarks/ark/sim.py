@@ -103,8 +103,14 @@ def build(cfg, results, seconds, loads, seeds, quick) -> BenchResult:
         variants=variants,
         headline=headline,
         fingerprint=collect_fingerprint(),
-        config={"sim": cfg.describe(), "loads": list(loads), "seeds": list(seeds),
-                "quick": quick, "ratios_ark_over": table, "sim_seconds": seconds},  # fmt: skip
+        config={
+            "sim": cfg.describe(),
+            "loads": list(loads),
+            "seeds": list(seeds),
+            "quick": quick,
+            "ratios_ark_over": table,
+            "sim_seconds": seconds,
+        },  # fmt: skip
         series=series,
         sweep_axis="utilization",
         plot_metric="mean_fct_s",

@@ -1,13 +1,15 @@
 """ARK vs random ports, k-subflow splitting and the offline assignment on a namespace leaf-spine.
 
 Real TCP flows through Linux network namespaces (needs root): 2 leaves x 4
-hosts, 4 spines, every link (host NICs included) shaped by ``tc tbf`` to 40
-Mbit/s, ECMP at the leaves with ``fib_multipath_hash_policy=3`` and
+hosts, 4 spines, leaf-spine links shaped by ``tc tbf`` to 40 Mbit/s and host
+NICs to 80 Mbit/s (2:1 oversubscribed leaf uplinks, so a flow's rate is set by
+the spine link it hashes to, not by a receiver NIC; ``--host-rate-mbit 40``
+gives the equal-rate fabric), ECMP at the leaves with ``fib_multipath_hash_policy=3`` and
 ``fib_multipath_hash_fields=0x37`` (5-tuple). Leaf 0's hosts are prefill
 senders, leaf 1's decode receivers. Per round, one P/D trace (Poisson
 arrivals, log-normal prompts of median 300 tokens, KV of SmolLM2-135M's shape:
 30 layers x 3 KV heads x head dim 64 x bf16 = 22.5 KiB per token, prefill at
-170 tokens/s per instance, i.e. KV produced at ~0.8x the NIC rate while busy,
+170 tokens/s per instance, i.e. KV produced at ~0.8x a spine link's rate while busy,
 prefill utilization 0.6); queue and prefill times are the trace's, only the
 transfers run. ARK's senders announce over UDP across the fabric and plan
 with a path map learned by probing the source leaf's FIB. Every variant runs
@@ -58,6 +60,7 @@ def fingerprint_net(fabric) -> dict:
                  "net.ipv4.fib_multipath_hash_fields")  # fmt: skip
     return {"leaf_sysctls": out.strip().splitlines(), "n_spines": fabric.n_spines,
             "hosts_per_leaf": fabric.hosts_per_leaf, "rate_mbit": fabric.rate_mbit,
+            "host_rate_mbit": fabric.host_rate_mbit,
             "qdisc": "tbf"}  # fmt: skip
 
 
@@ -68,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--rate-mbit", type=float, default=40.0)
+    parser.add_argument("--rate-mbit", type=float, default=40.0, help="leaf-spine links")
+    parser.add_argument("--host-rate-mbit", type=float, default=80.0, help="host NICs")
     parser.add_argument("--out", default="benchmarks/out")
     args = parser.parse_args(argv)
     results: dict[tuple[int, str], dict] = {}
     started = time.time()
-    with LeafSpine(2, 4, 4, args.rate_mbit) as fabric:
+    with LeafSpine(2, 4, 4, args.rate_mbit, host_rate_mbit=args.host_rate_mbit) as fabric:
         net = fingerprint_net(fabric)
         bed = Testbed(fabric, args.rate_mbit * 1e6 / 8)
         try:
@@ -110,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                "random source ports (ECMP)", False, TARGET),  # fmt: skip
         fingerprint={**collect_fingerprint(), "testbed": net},
         config={"rounds": args.rounds, "requests": args.requests, "rate_mbit": args.rate_mbit,
+                "host_rate_mbit": args.host_rate_mbit,
                 "per_round": {f"{s}/{v}": m for (s, v), m in results.items()},
                 "ratios_ark_over": per_round, "wall_s": round(time.time() - started, 1)},
     )  # fmt: skip

@@ -249,7 +249,16 @@ def vllm_logprobs(llm, call: Call) -> list[list[float]]:
                 ids = context + question + label
                 prompts.append(TokensPrompt(prompt_token_ids=ids))
                 spans.append((len(ids) - len(label), label))
-    outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    # long prompts one at a time: prompt logprobs hold [tokens, vocab] per request
+    batches, current = [], []
+    for prompt in prompts:
+        current.append(prompt)
+        if sum(len(p["prompt_token_ids"]) for p in current) > 2048:
+            batches.append(current)
+            current = []
+    batches += [current] if current else []
+    outs = [out for batch in batches for out in llm.generate(batch, params, use_tqdm=False)]
     flat = [sum(out.prompt_logprobs[start + m][tok].logprob for m, tok in enumerate(label))
             for out, (start, label) in zip(outs, spans, strict=True)]  # fmt: skip
     width = len(call.labels)
@@ -296,15 +305,15 @@ def truth_logprobs(model, call: Call) -> Truth:
                 for label in call.labels:
                     feed = tuple(prefix + label[:-1])
                     if feed not in cache:
-                        logits = model(torch.tensor([feed])).logits[0].double()
-                        cache[feed] = torch.log_softmax(logits, dim=-1)
+                        # only the rows that predict label tokens: [T, V] at 4k tokens is GBs
+                        logits = model(torch.tensor([feed]), logits_to_keep=len(label)).logits
+                        cache[feed] = torch.log_softmax(logits[0].double(), dim=-1)
                         if not row and routers:
                             n = len(prefix)
                             truth.routing.append({k: v[:n].sort(-1).values
                                                   for k, v in seen.items()})  # fmt: skip
                     logp = cache[feed]
-                    start = len(prefix) - 1
-                    row.append(float(sum(logp[start + m, t] for m, t in enumerate(label))))
+                    row.append(float(sum(logp[m, t] for m, t in enumerate(label))))
                 truth.logprobs.append(row)
     finally:
         for hook in hooks:
@@ -445,7 +454,8 @@ def engine(path: Path, dtype: str, max_model_len: int, **kwargs):
     gc.collect()
     return LLM(model=str(path), dtype=dtype, worker_extension_cls=WORKER_EXTENSION,
                enforce_eager=True, kv_cache_memory_bytes=256 << 20, seed=0,
-               max_model_len=max_model_len, enable_prefix_caching=False, **kwargs)  # fmt: skip
+               max_model_len=max_model_len, enable_prefix_caching=False,
+               max_num_batched_tokens=2048, **kwargs)  # fmt: skip
 
 
 def close(llm) -> None:

@@ -146,9 +146,15 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         self.announcer = Announcer(me, cfg.host, cfg.announce_port, peers,
                                    counters=self.counters).start()  # fmt: skip
         self.selector = PortSelector(self.announcer, fabric, paths, min_bytes=cfg.min_bytes)
-        logger.info("ARK: planning source ports %d-%d from %s; announcing on %s:%d to %d peers",
-                    cfg.port_base, cfg.port_base + cfg.port_count - 1,
-                    cfg.fabric_file or "no path map", cfg.host, cfg.announce_port, len(peers))
+        logger.info(
+            "ARK: planning source ports %d-%d from %s; announcing on %s:%d to %d peers",
+            cfg.port_base,
+            cfg.port_base + cfg.port_count - 1,
+            cfg.fabric_file or "no path map",
+            cfg.host,
+            cfg.announce_port,
+            len(peers),
+        )
 
     # ---------------------------------------------------------------- scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens):

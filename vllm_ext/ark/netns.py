@@ -1,8 +1,9 @@
 """A leaf-spine fabric of Linux network namespaces (needs root; no vLLM).
 
 ``LeafSpine(n_leaves, hosts_per_leaf, n_spines, rate_mbit)`` builds one
-namespace per host, leaf and spine, with veth links shaped by ``tc tbf`` at
-``rate_mbit`` in both directions (host NICs included), and routes: hosts
+namespace per host, leaf and spine, with veth links shaped by ``tc tbf`` in
+both directions: leaf-spine links at ``rate_mbit``, host NICs at
+``host_rate_mbit`` (default: the same), and routes: hosts
 default to their leaf; each leaf reaches the other leaves' hosts over an ECMP
 route through every spine; spines route each leaf's /16 back to it.
 
@@ -99,11 +100,13 @@ class LeafSpine:
     """The fabric; use as a context manager (namespaces go away on exit, even on errors)."""
 
     def __init__(self, n_leaves: int = 2, hosts_per_leaf: int = 4, n_spines: int = 2,
-                 rate_mbit: float = 40.0, burst_kb: int = 128):  # fmt: skip
+                 rate_mbit: float = 40.0, burst_kb: int = 128,
+                 host_rate_mbit: float | None = None):  # fmt: skip
         if not (2 <= n_leaves <= 15 and 1 <= hosts_per_leaf <= 200 and 1 <= n_spines <= 15):
             raise ValueError("need 2-15 leaves, 1-200 hosts per leaf, 1-15 spines")
         self.n_leaves, self.hosts_per_leaf, self.n_spines = n_leaves, hosts_per_leaf, n_spines
         self.rate_mbit, self.burst_kb = rate_mbit, burst_kb
+        self.host_rate_mbit = rate_mbit if host_rate_mbit is None else host_rate_mbit
         self.prefix = f"ark{os.getpid()}x{secrets.token_hex(3)}-"
         self.created: list[str] = []
 
@@ -147,13 +150,28 @@ class LeafSpine:
                         "net.ipv4.fib_multipath_hash_fields=0x37"]  # fmt: skip
         run_in(name, "sysctl", "-q", "-w", *sysctls)
 
-    def _link(self, ns_a: str, dev_a: str, addr_a: str, ns_b: str, dev_b: str, addr_b: str):
+    def _link(self, ns_a: str, dev_a: str, addr_a: str, ns_b: str, dev_b: str, addr_b: str,
+              rate_mbit: float):  # fmt: skip
         ip("-n", ns_a, "link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", ns_b)
         for ns, dev, addr in ((ns_a, dev_a, addr_a), (ns_b, dev_b, addr_b)):
             ip("-n", ns, "addr", "add", addr, "dev", dev)
             ip("-n", ns, "link", "set", dev, "up")
-            run_in(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                   f"{self.rate_mbit}mbit", "burst", f"{self.burst_kb}kb", "latency", "100ms")
+            run_in(
+                ns,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                f"{rate_mbit}mbit",
+                "burst",
+                f"{self.burst_kb}kb",
+                "latency",
+                "100ms",
+            )
 
     def build(self) -> None:
         sweep_stale()
@@ -163,14 +181,15 @@ class LeafSpine:
             self._add_ns(self.spine(s), router=True)
         for lf, i in self.hosts:
             self._add_ns(self.host(lf, i), router=False)
-            self._link(self.host(lf, i), "eth0", f"{host_ip(lf, i)}/24",
-                       self.leaf(lf), f"h{i}", f"10.{lf}.{i}.1/24")  # fmt: skip
+            host, gateway = f"{host_ip(lf, i)}/24", f"10.{lf}.{i}.1/24"
+            self._link(self.host(lf, i), "eth0", host, self.leaf(lf), f"h{i}", gateway,
+                       self.host_rate_mbit)  # fmt: skip
             ip("-n", self.host(lf, i), "route", "add", "default", "via", f"10.{lf}.{i}.1")
         for lf in range(self.n_leaves):
             for s in range(self.n_spines):
                 net = f"192.168.{lf * 16 + s}"
                 self._link(self.leaf(lf), f"s{s}", f"{net}.1/30", self.spine(s), f"l{lf}",
-                           f"{net}.2/30")  # fmt: skip
+                           f"{net}.2/30", self.rate_mbit)  # fmt: skip
                 ip("-n", self.spine(s), "route", "add", f"10.{lf}.0.0/16", "via", f"{net}.1")
         for lf in range(self.n_leaves):
             for other in range(self.n_leaves):

@@ -12,6 +12,21 @@ the pass:
 
 Nothing touches the KV cache or the recurrent-state pool, so the pass cannot
 disturb requests the engine is serving.
+
+Where Flide's rounding can differ from a separate vLLM request (the math is
+the same; the drift from an fp32 forward is measured against vLLM's own by
+``tests/engine/test_flide_exactness.py`` and ``benchmarks/flide/drift.py``):
+
+- the GDN convolution and gates: none on CPU (vLLM's own ops, each segment
+  starting from its lineage's conv state); on CUDA the torch
+  :func:`~vllm_ext.flide.recurrent.lineage_conv` (fp32, rounded once);
+- attention is computed in fp32 from the bf16 q/k/v and rounded once, where
+  vLLM's kernels may round inside (e.g. the softmax weights);
+- the delta rule's 64-token chunk grid starts at each segment's first token
+  (a question restarts from its context's final state), where a separate
+  request's grid starts at the context's first token: the same recurrence,
+  summed in another order;
+- matmuls see other batch shapes than vLLM's (as any two vLLM batches do).
 """
 
 from __future__ import annotations
