@@ -7,12 +7,12 @@ A generated part sits between two marker comments::
     <!-- /gen:KIND -->
 
 Kinds: ``systems`` (README's table of systems and their headline figures, from
-``benchmarks/results/*.json``), ``results SYSTEM`` (a system's headlines with
-the command behind each), ``config SYSTEM`` (its settings, from its config
-dataclass), ``metrics SYSTEM`` (its counters on ``/metrics``, from their
-declarations). ``python docs/gen.py --check`` changes nothing and exits 1 when
-a file is stale; ``tests/unit/test_docs_current.py`` runs the same check.
-Imports no vLLM.
+``benchmarks/results/*.json``), ``extras`` (pyproject's optional dependencies),
+``results SYSTEM`` (a system's headlines with the command behind each), ``config
+SYSTEM`` (its settings, from its config dataclass), ``metrics SYSTEM`` (its counters
+on ``/metrics``, from their declarations). ``python docs/gen.py --check`` changes
+nothing and exits 1 when a file is stale; ``tests/unit/test_docs_current.py`` runs the
+same check. Imports no vLLM.
 """
 
 from __future__ import annotations
@@ -281,7 +281,30 @@ def render_metrics(system: str) -> str:
     return "\n".join(rows)
 
 
+EXTRA_USES = {
+    "cpu": "vLLM's CPU build (skip it if vLLM is installed)",
+    "cuda": "CUDA vLLM (skip it if vLLM is installed)",
+    "assets": "`python -m vllm_ext.assets`: SmolLM2-135M and tiny test models, built offline",
+    "test": "the test tiers",
+    "bench": "`make bench`",
+}
+
+
+def render_extras(_: str | None) -> str:
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    rows = ["| Extra | Adds | For |", "|---|---|---|"]
+    for name, requirements in extras["optional-dependencies"].items():
+        if name not in EXTRA_USES:
+            raise LookupError(f"extra {name!r} has no entry in EXTRA_USES (docs/gen.py)")
+        adds = ", ".join(f"`{r}`" for r in requirements)
+        rows.append(f"| `{name}` | {adds} | {EXTRA_USES[name]} |")
+    return "\n".join(rows)
+
+
 RENDERERS = {
+    "extras": render_extras,
     "systems": render_systems,
     "results": render_results,
     "config": render_config,

@@ -34,7 +34,7 @@ def test_every_system_page_has_its_generated_parts(gen):
         blocks = {(m["kind"], m["arg"]) for m in gen.BLOCK.finditer(text)}
         assert blocks == {("config", system), ("metrics", system), ("results", system)}, system
     readme = {(m["kind"], m["arg"]) for m in gen.BLOCK.finditer((REPO / "README.md").read_text())}
-    assert readme == {("systems", None)}
+    assert readme == {("systems", None), ("extras", None)}
 
 
 def test_a_changed_result_makes_the_readme_stale(gen, monkeypatch):

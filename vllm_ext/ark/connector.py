@@ -113,6 +113,7 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         self.num_blocks = kv_cache_config.num_blocks
         spec = groups[0].kv_cache_spec
         self.bytes_per_block = spec.page_size_bytes * len(groups[0].layer_names)
+        self._max_model_len = vllm_config.model_config.max_model_len
         self._rng = random.Random()
         # scheduler side
         self._planned: dict[str, _Planned] = {}
@@ -240,7 +241,11 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         if self.producer:
             self.sender = KvSender(cfg.host, counters=self.counters)
         else:
+            # no frame can be larger than a max-length prompt's blocks: a bigger one is refused
+            # before any memory is allocated for it
+            max_blocks = math.ceil(self._max_model_len / self.block_size)
             self.receiver = KvReceiver(cfg.host, cfg.data_port, ttl_s=cfg.load_timeout_s,
+                                       max_payload=max_blocks * self.bytes_per_block,
                                        counters=self.counters)  # fmt: skip
             logger.info("ARK: receiving KV on %s:%d", *self.receiver.address)
 

@@ -65,6 +65,8 @@ UNPACKABLE = {
     "(Qwen3_5ForCausalLM)",
     "Qwen3_5MoeForConditionalGeneration": "multimodal wrapper; serve the text model "
     "(Qwen3_5MoeForCausalLM)",
+    "InternS2MobiusForCausalLM": "not tested (transformers has no implementation to check "
+    "it against)",
     "InternS2MobiusForConditionalGeneration": "multimodal wrapper, not tested",
     "MiniCPMV4_6ForConditionalGeneration": "multimodal wrapper, not tested",
 }
