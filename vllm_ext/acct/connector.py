@@ -111,7 +111,7 @@ class AcctConnector(PublishesCounters, KVConnectorBase_V1):
                 "AcctConnector supports models with one KV-cache group (attention only); "
                 f"this one has {len(kv_cache_config.kv_cache_groups)}"
             )
-        policy = self._kv_transfer_config.kv_load_failure_policy
+        policy = vllm_config.kv_transfer_config.kv_load_failure_policy
         if self.config.check_tokens > 0 and policy != "recompute":
             raise ConfigError(
                 "AcctConnector's online check falls back to vLLM's own prefill: set "
