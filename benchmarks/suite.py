@@ -149,7 +149,7 @@ SUITE: tuple[Entry, ...] = (
         full=(),
         quick=_args(f"--quick --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<=", 1 / 3),
-        minutes=(0.5, 12),
+        minutes=(0.5, 15),
         min_rounds=1,
     ),
     Entry(
@@ -159,7 +159,7 @@ SUITE: tuple[Entry, ...] = (
         full=_args("--repeats 3"),
         quick=_args(f"--quick --scenarios agentic --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<", 1.0),
-        minutes=(7, 180),
+        minutes=(7, 210),
         note="the cited run was one round (--repeats did not exist); 3 rounds now",
     ),
     Entry(
