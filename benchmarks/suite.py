@@ -77,7 +77,8 @@ class Entry:
     ``full``: the arguments of the cited result (``--out`` is added by the
     runner); ``quick``: a smaller run for ``make bench``, None to leave the
     entry out of it. ``headline``: ``make bench-<system>`` runs it. ``minutes``:
-    expected (quick, full) minutes on 2 quiet cores, for the progress bar.
+    expected (quick, full) minutes on 2 cores, for the progress bar (quick: measured
+    on a nearly idle machine, a cold LEAP recording included; full: estimates).
     ``min_rounds``: rounds a promoted headline needs (1 for a deterministic
     simulation). ``note``: how ``full`` differs from the command that made the
     result now in ``benchmarks/results/``, if at all.
@@ -123,7 +124,7 @@ SUITE: tuple[Entry, ...] = (
         full=_args("--rates 1,4,inf --requests 32 --max-tokens 64 --repeats 3"),
         quick=_args("--rates inf --requests 16 --max-tokens 64 --repeats 1"),
         goal=Goal(">=", 0.97),
-        minutes=(2.5, 12),
+        minutes=(1.5, 12),
         note=_REPEATS_NOTE.format(2),
     ),
     Entry(
@@ -148,7 +149,7 @@ SUITE: tuple[Entry, ...] = (
         full=(),
         quick=_args(f"--quick --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<=", 1 / 3),
-        minutes=(1, 12),
+        minutes=(0.5, 15),
         min_rounds=1,
     ),
     Entry(
@@ -158,7 +159,7 @@ SUITE: tuple[Entry, ...] = (
         full=_args("--repeats 3"),
         quick=_args(f"--quick --scenarios agentic --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<", 1.0),
-        minutes=(6, 180),
+        minutes=(7, 210),
         note="the cited run was one round (--repeats did not exist); 3 rounds now",
     ),
     Entry(
@@ -169,7 +170,7 @@ SUITE: tuple[Entry, ...] = (
         full=_args("--quick --repeats 3"),
         quick=_args("--quick --repeats 1"),
         goal=Goal(">=", 9.5),
-        minutes=(3, 5),
+        minutes=(1, 5),
     ),
     Entry(
         system="leap",
