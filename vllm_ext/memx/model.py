@@ -45,9 +45,9 @@ def activation_bytes(m: ModelSpec, seq, b, tp, layers, rc, inflight):
     """Activations kept for ``inflight`` micro-batches; ``rc`` = full recompute (inputs only)."""
     tokens = seq * b
     full = tokens * m.hidden * (10 + 24 / tp)
-    kept = np.where(rc, 2 * tokens * m.hidden, full)
-    # a recomputing stage rebuilds one layer's full activations at a time
-    return inflight * layers * kept + np.where(rc, full, 0)
+    saved = inflight * layers
+    # a recomputing stage keeps each layer's input and rebuilds one layer's activations at a time
+    return np.where(rc, (saved - 1) * 2 * tokens * m.hidden + full, saved * full)
 
 
 def logits_bytes(m: ModelSpec, seq, b, tp, last):
@@ -113,9 +113,7 @@ def tail_time(m, grp: DeviceGroup, seq, mb, n, k, dp, tp, rc, first, last):
     _, bwd = layer_times(m, grp, seq, mb / dp, tp, rc)
     exposed = np.maximum(0, ring - layers * bwd)
     shard = dp if m.zero_stage >= 1 else 1
-    step = params / shard * (2 * m.dtype_bytes + 2 * _OPT_BYTES[m.optimizer]) / (
-        grp.hbm_gbps * 1e9
-    )
+    step = params / shard * (2 * m.dtype_bytes + 2 * _OPT_BYTES[m.optimizer]) / (grp.hbm_gbps * 1e9)
     return exposed + step
 
 
@@ -128,7 +126,13 @@ def iteration_time(stage_times, stages, tails, micro_batches):
 
 def ideal_time(m, groups, seq, gbs) -> float:
     """Lower bound: all training FLOPs spread over the cluster's effective FLOP rate."""
-    flops = 3 * (2 * (m.layers * m.layer_params + m.embed_params) * seq + 2 * m.layers * seq * seq
-                 * m.hidden) * gbs  # fmt: skip
+    flops = (
+        3
+        * (
+            2 * (m.layers * m.layer_params + m.embed_params) * seq
+            + 2 * m.layers * seq * seq * m.hidden
+        )
+        * gbs
+    )
     rate = sum(g.count * g.bf16_tflops * 1e12 * g.mfu for g in groups)
     return flops / rate

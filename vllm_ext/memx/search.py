@@ -1,4 +1,4 @@
-"""Vectorised search over orders × per-group (stages, dp, tp, recompute) × micro-batch × layer split.
+"""Vectorised search: orders × per-group (stages, dp, tp, recompute) × micro-batch × layer split.
 
 For each device-group order and micro-batch size, every combination of the
 groups' options and every layer split is one cell of a numpy array (axes: one
@@ -34,8 +34,8 @@ class Objective:
     """score = time · T/T_ideal + peak · max utilisation + var · variance of utilisation."""
 
     time: float = 1.0
-    peak: float = 1.0
-    var: float = 4.0
+    peak: float = 0.5
+    var: float = 2.0
 
     @classmethod
     def parse(cls, text: str) -> Objective:
@@ -68,11 +68,15 @@ class Space:
             raise SpecError(f"--global-batch must be > 0, got {self.global_batch}")
         bad = [b for b in self.micro_batches if b <= 0 or self.global_batch % b]
         if bad or not self.micro_batches:
-            raise SpecError(f"--micro-batch sizes {bad or '[]'} must be > 0 and divide "
-                            f"--global-batch {self.global_batch}")  # fmt: skip
+            raise SpecError(
+                f"--micro-batch sizes {bad or '[]'} must be > 0 and divide "
+                f"--global-batch {self.global_batch}"
+            )
         if self.model.layers < len(self.cluster.groups):
-            raise SpecError(f"model.layers ({self.model.layers}) < number of device groups "
-                            f"({len(self.cluster.groups)}): every group needs a layer")  # fmt: skip
+            raise SpecError(
+                f"model.layers ({self.model.layers}) < number of device groups "
+                f"({len(self.cluster.groups)}): every group needs a layer"
+            )
 
 
 def group_options(space: Space, g: int, mb: int) -> np.ndarray:
@@ -92,8 +96,8 @@ def group_options(space: Space, g: int, mb: int) -> np.ndarray:
 
 def compositions(total: int, parts: int) -> np.ndarray:
     """Every split of ``total`` layers into ``parts`` positive counts, one row each."""
-    cuts = np.array(list(itertools.combinations(range(1, total), parts - 1)), dtype=np.int64)
-    cuts = cuts.reshape(-1, parts - 1)
+    combos = list(itertools.combinations(range(1, total), parts - 1))
+    cuts = np.array(combos, dtype=np.int64).reshape(len(combos), parts - 1)
     edges = np.hstack([np.zeros((len(cuts), 1), np.int64), cuts, np.full((len(cuts), 1), total)])
     return np.diff(edges, axis=1)
 
@@ -157,9 +161,12 @@ def cost_block(space: Space, order: Sequence[int], mb: int) -> Block | None:
         before = before + k
     t = mm.iteration_time(times, ks, tails, micro)
     shape = np.broadcast_shapes(t.shape, *(u.shape for u in utils))
-    bc = [np.broadcast_to(u, shape) for u in utils]
-    return Block(tuple(order), mb, options, splits, np.broadcast_to(t, shape), bc,
-                 [np.broadcast_to(u, shape) for u in sailor], np.broadcast_to(valid, shape))  # fmt: skip
+
+    def full(arrays):
+        return [np.broadcast_to(a, shape) for a in arrays]
+
+    t, valid = np.broadcast_to(t, shape), np.broadcast_to(valid, shape)
+    return Block(tuple(order), mb, options, splits, t, full(utils), full(sailor), valid)
 
 
 def blocks(space: Space, progress: bool = False) -> Iterator[Block]:
@@ -191,8 +198,9 @@ def rank_keys(space: Space, block: Block, objective: Objective) -> dict[str, np.
     max_u, var_u = memory_stats(space, block)
     fits = block.valid & (max_u <= 1.0)
     sailor_fits = block.valid & (np.stack(block.sailor_util).max(axis=0) <= 1.0)
-    ratio = block.time / mm.ideal_time(space.model, space.cluster.groups, space.seq,
-                                       space.global_batch)  # fmt: skip
+    ratio = block.time / mm.ideal_time(
+        space.model, space.cluster.groups, space.seq, space.global_batch
+    )
     inf = np.inf
     return {
         "memx": np.where(fits, objective.score(ratio, max_u, var_u), inf),
@@ -231,17 +239,32 @@ def plan_at(space: Space, block: Block, flat: int, objective: Objective) -> Plan
         k, dp, tp, rc = (int(v) for v in block.options[p][idx[p]])
         grp = space.cluster.groups[g]
         util = float(block.util[p][idx])
-        groups.append({"group": grp.name, "vendor": grp.vendor, "type": grp.type, "stages": k,
-                       "dp": dp, "tp": tp, "recompute": bool(rc), "layers": int(split[p]),
-                       "peak_gib": util * grp.mem_gib, "util": util})  # fmt: skip
+        groups.append(
+            {
+                "group": grp.name,
+                "vendor": grp.vendor,
+                "type": grp.type,
+                "stages": k,
+                "dp": dp,
+                "tp": tp,
+                "recompute": bool(rc),
+                "layers": int(split[p]),
+                "peak_gib": util * grp.mem_gib,
+                "util": util,
+            }
+        )
     t = float(block.time[idx])
     ratio = t / mm.ideal_time(space.model, space.cluster.groups, space.seq, space.global_batch)
     return Plan(
         order=tuple(space.cluster.groups[g].name for g in block.order),
-        micro_batch=block.mb, groups=tuple(groups), time_s=t, max_util=max_u, var_util=var_u,
+        micro_batch=block.mb,
+        groups=tuple(groups),
+        time_s=t,
+        max_util=max_u,
+        var_util=var_u,
         sailor_max_util=float(max(u[idx] for u in block.sailor_util)),
         score=float(objective.score(ratio, max_u, var_u)),
-    )  # fmt: skip
+    )
 
 
 @dataclasses.dataclass
@@ -257,8 +280,13 @@ class SearchResult:
         return self.evaluated / self.seconds if self.seconds else float("inf")
 
 
-def search(space: Space, objective: Objective, top: int = 5, progress: bool = False,
-           rankings: Sequence[str] = RANKINGS) -> SearchResult:  # fmt: skip
+def search(
+    space: Space,
+    objective: Objective,
+    top: int = 5,
+    progress: bool = False,
+    rankings: Sequence[str] = RANKINGS,
+) -> SearchResult:
     """The ``top`` plans of each ranking over the whole space."""
     start = time.perf_counter()
     best: dict[str, list[tuple[float, int, Block, int]]] = {r: [] for r in rankings}
@@ -284,8 +312,13 @@ def search(space: Space, objective: Objective, top: int = 5, progress: bool = Fa
     plans = {r: [plan_at(space, b, c, objective) for _, _, b, c in v] for r, v in best.items()}
     binding = None
     if feasible == 0:
-        binding = (f"memory: the plan needing the least memory still uses {tightest:.0%} of its "
-                   "tightest device group (try recompute, a smaller --micro-batch, ZeRO "
-                   "stage 3, or more GPUs)") if np.isfinite(tightest) else (
-                   "layers: no layer split gives every pipeline stage a layer")  # fmt: skip
+        binding = (
+            (
+                f"memory: the plan needing the least memory still uses {tightest:.0%} of its "
+                "tightest device group (try recompute, a smaller --micro-batch, ZeRO "
+                "stage 3, or more GPUs)"
+            )
+            if np.isfinite(tightest)
+            else ("layers: no layer split gives every pipeline stage a layer")
+        )
     return SearchResult(plans, evaluated, feasible, seconds, binding)

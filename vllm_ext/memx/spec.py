@@ -111,9 +111,15 @@ def _mapping(data: Any, where: str) -> Mapping[str, Any]:
 
 
 _GROUP_NUMBERS = {
-    "count": int, "gpus_per_node": int, "mem_gib": float, "bf16_tflops": float, "mfu": float,
-    "hbm_gbps": float, "intra_gbps": float, "inter_gbps": float,
-}  # fmt: skip
+    "count": int,
+    "gpus_per_node": int,
+    "mem_gib": float,
+    "bf16_tflops": float,
+    "mfu": float,
+    "hbm_gbps": float,
+    "intra_gbps": float,
+    "inter_gbps": float,
+}
 
 
 def cluster_from_dict(data: Any) -> Cluster:
@@ -131,16 +137,19 @@ def cluster_from_dict(data: Any) -> Cluster:
         if values["mfu"] > 1:
             raise SpecError(f"{where}.mfu must be a fraction in (0, 1], got {values['mfu']!r}")
         if values["count"] % values["gpus_per_node"]:
-            raise SpecError(f"{where}.count ({values['count']}) is not a multiple of "
-                            f"gpus_per_node ({values['gpus_per_node']})")  # fmt: skip
+            raise SpecError(
+                f"{where}.count ({values['count']}) is not a multiple of "
+                f"gpus_per_node ({values['gpus_per_node']})"
+            )
         group = DeviceGroup(
             name=str(raw.get("name", f"{raw.get('type', 'group')}-{i}")),
             vendor=_field(raw, "vendor", where, str),
             type=_field(raw, "type", where, str),
             workspace_gib=_field(raw, "workspace_gib", where, float, positive=False)
-            if "workspace_gib" in raw else 1.5,
+            if "workspace_gib" in raw
+            else 1.5,
             **values,
-        )  # fmt: skip
+        )
         out.append(group)
     names = [g.name for g in out]
     if len(set(names)) != len(names):
@@ -170,8 +179,13 @@ def model_from_dict(data: Any) -> ModelSpec:
     dtype_bytes = data.get("dtype_bytes", 2)
     if dtype_bytes not in (2, 4):
         raise SpecError(f"model.dtype_bytes must be 2 (bf16) or 4 (fp32), got {dtype_bytes!r}")
-    return ModelSpec(name=str(data.get("name", "model")), optimizer=optimizer,
-                     zero_stage=zero, dtype_bytes=dtype_bytes, **values)  # fmt: skip
+    return ModelSpec(
+        name=str(data.get("name", "model")),
+        optimizer=optimizer,
+        zero_stage=zero,
+        dtype_bytes=dtype_bytes,
+        **values,
+    )
 
 
 def load_yaml(path: str | Path, what: str) -> Any:

@@ -1,0 +1,7 @@
+"""``python -m vllm_ext.memx`` = ``vllm-ext memx``."""
+
+import sys
+
+from vllm_ext.memx.cli import main
+
+sys.exit(main())
