@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 
 RESULTS = REPO / "benchmarks" / "results"
 # docs/compat.md is written by `make compat`, not here
-FILES = ("README.md", "docs/leap.md", "docs/histate.md", "docs/flide.md")
+FILES = ("README.md", "docs/leap.md", "docs/histate.md", "docs/flide.md", "docs/memx.md")
 BLOCK = re.compile(
     r"(<!-- gen:(?P<kind>[a-z]+)(?: (?P<arg>[a-z_]+))? -->\n)(?P<body>.*?)"
     r"(<!-- /gen:(?P=kind) -->)",
@@ -84,6 +84,7 @@ CITED = (
     ("histate", "histate_engine", "agentic sessions on the tiny hybrid, real engine, CPU"),
     ("histate", "histate_sim", "simulated 7B hybrid on an H200 + NVMe, agentic traces"),
     ("flide", "flide", "64 BFCL questions about one 1024-token context, tiny hybrid"),
+    ("memx", "memx", "plan search, 3-vendor 24-GPU cluster, LLaMA-33B, one core"),
 )  # fmt: skip
 # the command lines of results that predate recording them (as their authors documented)
 KNOWN_COMMANDS = {
@@ -108,6 +109,8 @@ SYSTEM_ROWS = (
      "and on SSD beside host KV, under one eviction queue"),
     ("Flide", "flide", "answers many classification questions about one context in one "
      "packed pass, equal to asking each alone"),
+    ("MemX", "memx", "searches training parallel plans for mixed-vendor clusters, scoring "
+     "time, peak memory and its variance across GPUs"),
     ("(none)", "suite", "`vllm-ext serve` with no system enabled: the suite's own overhead"),
 )  # fmt: skip
 
@@ -287,6 +290,7 @@ EXTRA_USES = {
     "assets": "`python -m vllm_ext.assets`: SmolLM2-135M and tiny test models, built offline",
     "test": "the test tiers",
     "bench": "`make bench`",
+    "memx": "`vllm-ext memx`: YAML specs and the memory plot",
 }
 
 

@@ -1,4 +1,5 @@
-"""``vllm-ext`` command: ``serve`` (vllm serve with ``--plugins``), ``demo``, ``assets``, ``bench``.
+"""``vllm-ext`` command: ``serve`` (vllm serve with ``--plugins``), ``demo``,
+``assets``, ``bench``, ``memx``.
 
 ``vllm-ext serve MODEL --plugins leap,histate [any vllm serve args]`` checks
 ``--additional-config`` and the ``VLLMEXT_*`` variables (a bad key exits with
@@ -73,7 +74,7 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"serve": serve, "demo": _demo, "assets": _assets, "bench": _bench}
+    commands = {"serve": serve, "demo": _demo, "assets": _assets, "bench": _bench, "memx": _memx}
     if not argv or argv[0] not in commands:
         _emit(f"usage: vllm-ext {{{','.join(commands)}}} ...\n\n{__doc__}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
@@ -90,6 +91,12 @@ def _assets(argv: list[str]) -> int:
     from vllm_ext.assets.__main__ import main as assets_main
 
     return assets_main(argv)
+
+
+def _memx(argv: list[str]) -> int:
+    from vllm_ext.memx.cli import main as memx_main
+
+    return memx_main(argv)
 
 
 def _bench(argv: list[str]) -> int:

@@ -27,6 +27,7 @@ ROLES = {
     "vllm_ext/assets": ("assets",),
     "vllm_ext/bench": ("bench", "cuda"),
     "vllm_ext/kernels": ("cuda",),
+    "vllm_ext/memx": ("memx",),
     "benchmarks": ("bench", "cuda"),
 }
 
