@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 from vllm_ext.common.log import get_logger
 
@@ -393,9 +394,36 @@ def seams_of(system: str, runner: str | None = None) -> tuple[Seam, ...]:
     )
 
 
+# the V1 model runner's module, as a file of the vllm package; vLLM 0.34 removed it
+V1_RUNNER_FILE = ("v1", "worker", "gpu_model_runner.py")
+V1_REMOVED_IN = (0, 34)
+
+
+def vllm_package_dir() -> Path | None:
+    """The installed ``vllm`` package's folder, found without importing vLLM."""
+    spec = importlib.util.find_spec("vllm")  # a top-level package is located, not run
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def v1_runner_in(package_dir: Path | None, version: str | None) -> bool:
+    """Whether the vLLM at ``package_dir`` (release ``version``) ships the V1 model runner.
+
+    The runner's module file decides; without a package folder, the release
+    does (V1 was removed in vLLM 0.34).
+    """
+    if package_dir is not None:
+        return package_dir.joinpath(*V1_RUNNER_FILE).is_file()
+    series = parse_series(version) if version else None
+    return series is not None and series < V1_REMOVED_IN
+
+
 def has_v1_runner() -> bool:
-    """Whether this vLLM still ships the V1 model runner (removed in vLLM 0.34)."""
-    return importlib.util.find_spec(_V1) is not None
+    """Whether the installed vLLM still ships the V1 model runner (removed in vLLM 0.34).
+
+    Imports no vLLM: ``vllm-ext serve`` asks before vLLM starts.
+    """
+    return v1_runner_in(vllm_package_dir(), installed_vllm_version())
 
 
 def problems(system: str, runner: str | None = None) -> list[str]:

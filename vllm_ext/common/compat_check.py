@@ -22,6 +22,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -263,8 +264,10 @@ def summary(report: dict) -> dict[str, str]:
             )
         elif v1_gone:
             out[system] = (
-                "all seams hold; the V1 runner is gone, so LEAP's probe takes Model Runner V2's "
-                "start_load_kv layout (tested on V2's structures, not yet in a V2 engine)"
+                "unsupported: the V1 model runner is gone and LEAP refuses to start (one line, "
+                "before vLLM starts); its Model Runner V2 seams hold, and the V2 path (tested on "
+                "V2's structures, never in a V2 engine) runs only with "
+                "`experimental.model_runner_v2`"
             )
         else:
             out[system] = "all seams hold"
@@ -323,9 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         python = build(args.version)
         report = COMPAT_DIR / args.version / "report.json"
+        # the side venv's own vllm_ext, not a checkout on PYTHONPATH (which lacks vllm_ext.patches)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         subprocess.run(
             [str(python), "-m", "vllm_ext.common.compat_check", "check", "--report", str(report)],
-            check=True, cwd="/",
+            check=True, cwd="/", env=env,
         )  # fmt: skip
     reports = [json.loads(p.read_text()) for p in sorted(COMPAT_DIR.glob("*/report.json"))]
     reports.sort(key=lambda r: [int(x) for x in compat.release(r["vllm"]).split(".")])
