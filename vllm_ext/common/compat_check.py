@@ -254,7 +254,7 @@ def build(version: str) -> Path:
 def summary(report: dict) -> dict[str, str]:
     """Per system: what this release means for it, from the report's rows."""
     out = {}
-    for system in ("common", "leap", "histate", "flide", "patches"):
+    for system in ("common", "leap", "histate", "flide", "ark", "acct", "patches"):
         bad = [r for r in report["rows"] if r["system"] == system and r["status"] != "ok"]
         v1_gone = [r for r in bad if r["detail"] == "V1 model runner removed"]
         other = [r for r in bad if r not in v1_gone]
