@@ -46,6 +46,9 @@ ADAPTERS = (
     "vllm_ext.flide.forward",
     "vllm_ext.flide.worker",
     "vllm_ext.flide.api",
+    "vllm_ext.ark.connector",
+    "vllm_ext.ark.prom",
+    "vllm_ext.acct.connector",
 )
 # (system, our class) whose overrides of vLLM methods are compared with vLLM's
 CLASSES = (
@@ -55,6 +58,8 @@ CLASSES = (
     ("leap", "vllm_ext.leap.connector:LeapConnector"),
     ("leap", "vllm_ext.leap.loader:LeapModelLoader"),
     ("histate", "vllm_ext.histate.connector:HiStateConnector"),
+    ("ark", "vllm_ext.ark.connector:ArkConnector"),
+    ("acct", "vllm_ext.acct.connector:AcctConnector"),
 )
 WORKERS = ("vllm.v1.worker.gpu_worker:Worker", "vllm.v1.worker.cpu_worker:CPUWorker")
 PATCHES = (
@@ -158,7 +163,8 @@ def _hma_rows() -> list[dict]:
 
     rows = []
     for system, path in CLASSES:
-        if path.endswith("Connector"):
+        # hybrid (Mamba) models need HMA; ARK and ACCT serve attention-only models
+        if path.endswith("Connector") and system in ("leap", "histate"):
             ok = issubclass(_load(path), SupportsHMA)
             rows.append(_row(system, f"{path} is SupportsHMA", "ok" if ok else "changed"))
     return rows
@@ -251,26 +257,42 @@ def build(version: str) -> Path:
     return python
 
 
+V1_GONE = "V1 model runner removed"
+
+
+def meaning(row: dict) -> str:
+    """What a failing row means for a user of that vLLM release."""
+    if row["detail"] == V1_GONE:
+        return (
+            "LEAP refuses to start, with one line before vLLM starts (vllm-ext serve, its "
+            "plugin) or before the weights load (its loader), unless the experimental V2 path "
+            "is opted in (`experimental.model_runner_v2`, never run in a V2 engine)"
+        )
+    if row["system"] == "flide" and "moved to vllm._cpu_ops" in row["detail"]:
+        return (
+            "Flide's packed pass on a CPU build of this vLLM fails at its first request "
+            "(vllm_ext/flide/forward.py calls the op from vllm._custom_ops); on CUDA Flide runs "
+            "its own GPU ops and is not affected"
+        )
+    if row["system"] == "patches":
+        return "the patch does not apply: the system that needs it registers nothing"
+    return (
+        f"{row['system']} registers nothing on this vLLM: its plugin logs one line naming "
+        "this seam and vLLM runs unchanged"
+    )
+
+
 def summary(report: dict) -> dict[str, str]:
     """Per system: what this release means for it, from the report's rows."""
     out = {}
     for system in ("common", "leap", "histate", "flide", "ark", "acct", "patches"):
         bad = [r for r in report["rows"] if r["system"] == system and r["status"] != "ok"]
-        v1_gone = [r for r in bad if r["detail"] == "V1 model runner removed"]
-        other = [r for r in bad if r not in v1_gone]
-        if other:
-            out[system] = "needs work: " + "; ".join(
-                f"`{r['seam']}` {r['status']}: {r['detail']}" for r in other
-            )
-        elif v1_gone:
-            out[system] = (
-                "unsupported: the V1 model runner is gone and LEAP refuses to start (one line, "
-                "before vLLM starts); its Model Runner V2 seams hold, and the V2 path (tested on "
-                "V2's structures, never in a V2 engine) runs only with "
-                "`experimental.model_runner_v2`"
-            )
-        else:
+        if not bad:
             out[system] = "all seams hold"
+            continue
+        meanings = list(dict.fromkeys(meaning(r) for r in bad))
+        label = "unsupported" if any(r["detail"] == V1_GONE for r in bad) else "needs work"
+        out[system] = f"{label} ({len(bad)} entries, below): " + "; ".join(meanings)
     return out
 
 
@@ -309,6 +331,12 @@ def render(reports: list[dict]) -> str:
     for (system, seam), by_version in sorted(cells.items()):
         row = [by_version.get(v, "-").replace("|", "\\|") for v in versions]
         lines.append(f"| {system} | `{seam}` | " + " | ".join(row) + " |")
+    failing = [(r["vllm"], row) for r in reports for row in r["rows"] if row["status"] != "ok"]
+    lines += ["", "## What each failing entry means for you", ""]
+    if not failing:
+        lines.append("Every entry holds on every checked release.")
+    for version, row in failing:
+        lines.append(f"- vLLM {version}, `{row['seam']}` ({row['status']}): {meaning(row)}.")
     return "\n".join(lines) + "\n"
 
 
