@@ -17,6 +17,7 @@ import sys
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.systems import additional_config_from_argv, validate_additional_config
 from vllm_ext.launcher import SYSTEMS, LaunchError, compose, parse_plugin_list
+from vllm_ext.leap import runner_gate
 from vllm_ext.patches import vllm_cpu_cli_version
 
 
@@ -49,7 +50,9 @@ def serve(argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     args, vllm_args = parser.parse_known_args(argv)
     try:
-        validate_additional_config(additional_config_from_argv(vllm_args) or {}, os.environ)
+        configs = validate_additional_config(
+            additional_config_from_argv(vllm_args) or {}, os.environ
+        )
     except ConfigError as exc:
         # one line, before vLLM is imported: the config is the user's to fix, not a crash
         sys.stderr.write(f"vllm-ext serve: error: {exc}\n")
@@ -59,6 +62,10 @@ def serve(argv: list[str]) -> int:
         plan = compose(args.model, plugins, vllm_args, os.environ, _general_plugin_names())
     except LaunchError as exc:
         parser.error(str(exc))
+    refused = runner_gate.installed_refusal(configs["leap"]) if "leap" in plugins else None
+    if refused is not None:
+        sys.stderr.write(f"vllm-ext serve: error: {refused}\n")
+        return 2
     _emit("Equivalent command:\n  " + plan.shell())
     if vllm_cpu_cli_version.needed():
         _emit(

@@ -26,7 +26,8 @@ from vllm_ext.assets import leap_weights_path, model_path
 from vllm_ext.leap.runtime import HINT_KEY
 from vllm_ext.serving import VllmServer
 
-LONG_TOKENS = 320  # long enough that all three short requests arrive while it still has far more to go
+# long enough that all three short requests arrive while it still has far more to go
+LONG_TOKENS = 320
 SHORT_TOKENS = 8
 
 

@@ -21,7 +21,7 @@ class _ListHandler(logging.Handler):
 def test_every_seam_holds_on_the_installed_vllm():
     pytest.importorskip("vllm")
     runner = None if compat.has_v1_runner() else "v2"
-    for system in ("common", "leap", "histate", "flide"):
+    for system in ("common", "leap", "histate", "flide", "ark", "acct"):
         assert compat.problems(system, runner) == [], system
 
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from vllm_ext.patches import vllm_cpu_cli_version as cli_patch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,7 +167,6 @@ def test_cli_patch_is_idempotent_and_reversible():
 
 def test_v1_runner_handle_publishes_the_loading_runner_only_while_it_loads():
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
     from vllm_ext.patches import v1_runner_handle as handle
 
     if not handle.needed():

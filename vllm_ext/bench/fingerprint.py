@@ -337,7 +337,7 @@ def collect_fingerprint(
     uname = platform.uname()
     fingerprint = {
         "schema": FINGERPRINT_SCHEMA,
-        "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "timestamp_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "python": {
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),

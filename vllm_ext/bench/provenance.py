@@ -10,7 +10,6 @@ built from the mapping the variant passed, defaults and environment included
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import re
 import shlex

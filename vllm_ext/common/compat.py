@@ -13,7 +13,9 @@ Kinds: ``symbol`` (an importable name), ``attribute`` (a class or module
 attribute, usually private), ``signature`` (a callable whose parameters, after
 ``self``, start with ``params``; ``"**"`` asks for a ``**kwargs``), ``source``
 (a callable whose source mentions each string in ``params``: a keyword contract
-vLLM keeps in a call), ``instance`` (an attribute set in ``__init__``).
+vLLM keeps in a call, or attributes an ``__init__`` sets), ``instance`` (an
+attribute set in ``__init__``), ``field`` (a field of a vLLM dataclass or
+config class, checked without an instance).
 ``runner`` names the model runner an entry belongs to (``v1``: the V1 runner,
 removed in vLLM 0.34; ``v2``: Model Runner V2); those entries are checked only
 where that runner exists.
@@ -28,6 +30,7 @@ import importlib.util
 import inspect
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 from vllm_ext.common.log import get_logger
 
@@ -46,10 +49,10 @@ class VllmCompatError(RuntimeError):
 
 @dataclass(frozen=True)
 class Seam:
-    system: str  # common, leap, histate, flide (patches list their own system)
+    system: str  # common, leap, histate, flide, ark, acct (patches list their own system)
     module: str
     qualname: str
-    kind: str  # symbol | attribute | signature | source | instance
+    kind: str  # symbol | attribute | signature | source | instance | field
     why: str
     params: tuple[str, ...] = ()
     runner: str = ""  # "", "v1" or "v2"
@@ -271,6 +274,91 @@ SEAMS: tuple[Seam, ...] = (
          "FlideEndpoint's contract (attach_router, init_state)"),
     Seam("flide", "vllm.plugins", "load_endpoint_plugins", "symbol",
          "vLLM loads Flide's route when VLLM_PLUGINS names it"),
+    # ---- HiState: config and request fields its connector reads (vllm_ext/histate/connector.py)
+    Seam("histate", "vllm.config.cache", "CacheConfig.mamba_block_size", "field",
+         "chunk ends align to it; a mismatch with the block size is refused at start"),
+    Seam("histate", "vllm.config.scheduler", "SchedulerConfig.max_num_scheduled_tokens", "field",
+         "the largest chunk the scheduler makes (alignment check)"),
+    Seam("histate", "vllm.config.scheduler", "SchedulerConfig.long_prefill_token_threshold",
+         "field", "caps a chunk too (alignment check)"),
+    Seam("histate", "vllm.v1.kv_cache_interface", "MambaSpec.dtypes", "field",
+         "the recurrent state's dtypes (only those HiState can store are accepted)"),
+    Seam("histate", "vllm.v1.core.kv_cache_manager", "KVCacheBlocks.get_block_ids", "signature",
+         "a request's allocated blocks per group", ()),
+    Seam("histate", "vllm.v1.core.sched.output", "SchedulerOutput.kv_connector_block_state",
+         "field", "the blocks HiState snapshots each step"),
+    Seam("histate", "vllm.v1.outputs", "KVConnectorOutput.kv_connector_worker_meta", "field",
+         "worker -> scheduler store results"),
+    Seam("histate", "vllm.v1.request", "Request.__init__", "source",
+         "HiState keys a request's blocks by vLLM's block hashes",
+         ("self.block_hashes", "self.num_computed_tokens", "self.num_prompt_tokens")),
+    # ---- Flide: CPU ops and the layer it stands in for (vllm_ext/flide/forward.py)
+    Seam("flide", "vllm._custom_ops", "causal_conv1d_fwd_cpu", "signature",
+         "lineage conv where vLLM packed the conv taps (the C++ op)",
+         ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices",
+          "has_initial_state", "silu_activation", "is_weight_packed"), moved_to=("vllm._cpu_ops",)),
+    Seam("flide", "vllm._custom_ops", "fused_gdn_gating_cpu", "signature",
+         "g and beta of the packed pass", ("A_log", "a", "b", "dt_bias"),
+         moved_to=("vllm._cpu_ops",)),
+    Seam("flide", "vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d", "causal_conv1d_fn_cpu",
+         "signature", "lineage conv with unpacked taps",
+         ("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices",
+          "has_initial_state", "activation")),
+    Seam("flide", "vllm.model_executor.layers.mamba.gdn.base", "GatedDeltaNetAttention", "symbol",
+         "other Gated DeltaNet variants are refused by name"),
+    Seam("flide", _GDN, "QwenGatedDeltaNetAttention.__init__", "source",
+         "layer attributes the packed pass reads",
+         ("self.in_proj_qkvz", "self.in_proj_ba", "self.gqa_interleaved_layout", "self.A_log",
+          "self.conv1d", "self.dt_bias", "self.head_v_dim", "self.key_dim", "self.tp_size",
+          "self.value_dim")),
+    Seam("flide", "vllm.model_executor.layers.mamba.gdn.base", "GatedDeltaNetAttention.__init__",
+         "source", "layer attributes the packed pass reads", ("self.activation",)),
+    # ---- ARK (vllm_ext/ark/connector.py, prom.py)
+    Seam("ark", _KVB, "KVConnectorBase_V1._kv_transfer_config", "instance",
+         "kv_role: which side of a P/D pair this connector is"),
+    Seam("ark", _KVB, "KVConnectorBase_V1._kv_cache_manager", "instance",
+         "the prefill side reads a finished request's blocks (bind_kv_cache_manager)"),
+    Seam("ark", _KVB, "KVConnectorBase_V1._get_connector_metadata", "attribute",
+         "the bound step metadata"),
+    Seam("ark", "vllm.v1.core.kv_cache_manager", "KVCacheBlocks.get_block_ids", "signature",
+         "the decode side's allocated blocks", ()),
+    Seam("ark", "vllm.v1.core.kv_cache_manager", "KVCacheManager.get_block_ids", "signature",
+         "a finished prefill's blocks", ("request_id",)),
+    Seam("ark", _KVM, "KVConnectorPromMetrics._counter_cls", "instance",
+         "vLLM's counter class for ARK's counters"),
+    Seam("ark", "vllm.v1.request", "Request.__init__", "source",
+         "the P/D handshake rides in kv_transfer_params",
+         ("self.kv_transfer_params", "self.num_computed_tokens", "self.num_prompt_tokens")),
+    Seam("ark", "vllm.v1.core.sched.output", "SchedulerOutput.num_scheduled_tokens", "field",
+         "which requests run this step"),
+    Seam("ark", "vllm.v1.outputs", "KVConnectorOutput.finished_recving", "field",
+         "loads done on the decode side"),
+    Seam("ark", "vllm.config.kv_transfer", "KVTransferConfig.kv_role", "field",
+         "kv_producer / kv_consumer"),
+    # ---- ACCT (vllm_ext/acct/connector.py)
+    Seam("acct", "vllm.forward_context", "ForwardContext.no_compile_layers", "field",
+         "the attention layers whose KV cache ACCT writes"),
+    Seam("acct", "vllm.model_executor.layers.attention.attention", "Attention.impl", "instance",
+         "the backend whose do_kv_cache_update writes converted KV"),
+    Seam("acct", "vllm.v1.attention.backends.cpu_attn",
+         "CPUAttentionBackendImpl.do_kv_cache_update", "signature",
+         "writes converted KV through the CPU backend",
+         ("layer", "key", "value", "kv_cache", "slot_mapping")),
+    Seam("acct", "vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl.do_kv_cache_update",
+         "signature", "writes converted KV through FlashAttention",
+         ("layer", "key", "value", "kv_cache", "slot_mapping")),
+    Seam("acct", "vllm.v1.outputs", "KVConnectorOutput.invalid_block_ids", "field",
+         "blocks a failed import left; vLLM recomputes them"),
+    Seam("acct", "vllm.config.kv_transfer", "KVTransferConfig.kv_load_failure_policy", "field",
+         "ACCT requires recompute"),
+    Seam("acct", _KVB, "KVConnectorBase_V1.get_block_ids_with_load_errors", "signature",
+         "failed imports are reported per block", ()),
+    Seam("acct", _KVB, "KVConnectorBase_V1._get_connector_metadata", "attribute",
+         "the bound step metadata"),
+    Seam("acct", "vllm.v1.core.kv_cache_manager", "KVCacheBlocks.get_block_ids", "signature",
+         "an import's allocated blocks", ()),
+    Seam("acct", "vllm.v1.request", "Request.__init__", "source",
+         "the tokens ACCT converts", ("self.all_token_ids",)),
     # ---- registered patches (patches/README.md)
     Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
          "patches/vllm_cpu_cli_version.py replaces the module's importlib"),
@@ -357,6 +445,14 @@ def _signature_problem(obj, params: tuple[str, ...]) -> str | None:
     return None
 
 
+def _field_names(cls) -> set[str]:
+    """Fields of a (pydantic) dataclass or an annotated class, over its MRO."""
+    names = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "model_fields", {}))
+    for base in getattr(cls, "__mro__", ()):
+        names |= set(vars(base).get("__annotations__", {}))
+    return names
+
+
 def seam_problem(seam: Seam) -> str | None:
     """Why ``seam`` does not hold in this process's vLLM; None when it does.
 
@@ -365,6 +461,9 @@ def seam_problem(seam: Seam) -> str | None:
     """
     seam = _found(seam)
     try:
+        if seam.kind == "field":
+            owner, attr = _owner_and_attr(seam)
+            return None if attr in _field_names(owner) else "missing"
         if seam.kind == "instance":
             owner, _ = _owner_and_attr(seam)
             return None if owner is not None else "missing"
@@ -393,9 +492,36 @@ def seams_of(system: str, runner: str | None = None) -> tuple[Seam, ...]:
     )
 
 
+# the V1 model runner's module, as a file of the vllm package; vLLM 0.34 removed it
+V1_RUNNER_FILE = ("v1", "worker", "gpu_model_runner.py")
+V1_REMOVED_IN = (0, 34)
+
+
+def vllm_package_dir() -> Path | None:
+    """The installed ``vllm`` package's folder, found without importing vLLM."""
+    spec = importlib.util.find_spec("vllm")  # a top-level package is located, not run
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def v1_runner_in(package_dir: Path | None, version: str | None) -> bool:
+    """Whether the vLLM at ``package_dir`` (release ``version``) ships the V1 model runner.
+
+    The runner's module file decides; without a package folder, the release
+    does (V1 was removed in vLLM 0.34).
+    """
+    if package_dir is not None:
+        return package_dir.joinpath(*V1_RUNNER_FILE).is_file()
+    series = parse_series(version) if version else None
+    return series is not None and series < V1_REMOVED_IN
+
+
 def has_v1_runner() -> bool:
-    """Whether this vLLM still ships the V1 model runner (removed in vLLM 0.34)."""
-    return importlib.util.find_spec(_V1) is not None
+    """Whether the installed vLLM still ships the V1 model runner (removed in vLLM 0.34).
+
+    Imports no vLLM: ``vllm-ext serve`` asks before vLLM starts.
+    """
+    return v1_runner_in(vllm_package_dir(), installed_vllm_version())
 
 
 def problems(system: str, runner: str | None = None) -> list[str]:

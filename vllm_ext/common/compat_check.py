@@ -22,6 +22,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -45,6 +46,9 @@ ADAPTERS = (
     "vllm_ext.flide.forward",
     "vllm_ext.flide.worker",
     "vllm_ext.flide.api",
+    "vllm_ext.ark.connector",
+    "vllm_ext.ark.prom",
+    "vllm_ext.acct.connector",
 )
 # (system, our class) whose overrides of vLLM methods are compared with vLLM's
 CLASSES = (
@@ -54,6 +58,8 @@ CLASSES = (
     ("leap", "vllm_ext.leap.connector:LeapConnector"),
     ("leap", "vllm_ext.leap.loader:LeapModelLoader"),
     ("histate", "vllm_ext.histate.connector:HiStateConnector"),
+    ("ark", "vllm_ext.ark.connector:ArkConnector"),
+    ("acct", "vllm_ext.acct.connector:AcctConnector"),
 )
 WORKERS = ("vllm.v1.worker.gpu_worker:Worker", "vllm.v1.worker.cpu_worker:CPUWorker")
 PATCHES = (
@@ -157,7 +163,8 @@ def _hma_rows() -> list[dict]:
 
     rows = []
     for system, path in CLASSES:
-        if path.endswith("Connector"):
+        # hybrid (Mamba) models need HMA; ARK and ACCT serve attention-only models
+        if path.endswith("Connector") and system in ("leap", "histate"):
             ok = issubclass(_load(path), SupportsHMA)
             rows.append(_row(system, f"{path} is SupportsHMA", "ok" if ok else "changed"))
     return rows
@@ -250,24 +257,42 @@ def build(version: str) -> Path:
     return python
 
 
+V1_GONE = "V1 model runner removed"
+
+
+def meaning(row: dict) -> str:
+    """What a failing row means for a user of that vLLM release."""
+    if row["detail"] == V1_GONE:
+        return (
+            "LEAP refuses to start, with one line before vLLM starts (vllm-ext serve, its "
+            "plugin) or before the weights load (its loader), unless the experimental V2 path "
+            "is opted in (`experimental.model_runner_v2`, never run in a V2 engine)"
+        )
+    if row["system"] == "flide" and "moved to vllm._cpu_ops" in row["detail"]:
+        return (
+            "Flide's packed pass on a CPU build of this vLLM fails at its first request "
+            "(vllm_ext/flide/forward.py calls the op from vllm._custom_ops); on CUDA Flide runs "
+            "its own GPU ops and is not affected"
+        )
+    if row["system"] == "patches":
+        return "the patch does not apply: the system that needs it registers nothing"
+    return (
+        f"{row['system']} registers nothing on this vLLM: its plugin logs one line naming "
+        "this seam and vLLM runs unchanged"
+    )
+
+
 def summary(report: dict) -> dict[str, str]:
     """Per system: what this release means for it, from the report's rows."""
     out = {}
-    for system in ("common", "leap", "histate", "flide", "patches"):
+    for system in ("common", "leap", "histate", "flide", "ark", "acct", "patches"):
         bad = [r for r in report["rows"] if r["system"] == system and r["status"] != "ok"]
-        v1_gone = [r for r in bad if r["detail"] == "V1 model runner removed"]
-        other = [r for r in bad if r not in v1_gone]
-        if other:
-            out[system] = "needs work: " + "; ".join(
-                f"`{r['seam']}` {r['status']}: {r['detail']}" for r in other
-            )
-        elif v1_gone:
-            out[system] = (
-                "all seams hold; the V1 runner is gone, so LEAP's probe takes Model Runner V2's "
-                "start_load_kv layout (tested on V2's structures, not yet in a V2 engine)"
-            )
-        else:
+        if not bad:
             out[system] = "all seams hold"
+            continue
+        meanings = list(dict.fromkeys(meaning(r) for r in bad))
+        label = "unsupported" if any(r["detail"] == V1_GONE for r in bad) else "needs work"
+        out[system] = f"{label} ({len(bad)} entries, below): " + "; ".join(meanings)
     return out
 
 
@@ -306,6 +331,12 @@ def render(reports: list[dict]) -> str:
     for (system, seam), by_version in sorted(cells.items()):
         row = [by_version.get(v, "-").replace("|", "\\|") for v in versions]
         lines.append(f"| {system} | `{seam}` | " + " | ".join(row) + " |")
+    failing = [(r["vllm"], row) for r in reports for row in r["rows"] if row["status"] != "ok"]
+    lines += ["", "## What each failing entry means for you", ""]
+    if not failing:
+        lines.append("Every entry holds on every checked release.")
+    for version, row in failing:
+        lines.append(f"- vLLM {version}, `{row['seam']}` ({row['status']}): {meaning(row)}.")
     return "\n".join(lines) + "\n"
 
 
@@ -323,9 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         python = build(args.version)
         report = COMPAT_DIR / args.version / "report.json"
+        # the side venv's own vllm_ext, not a checkout on PYTHONPATH (which lacks vllm_ext.patches)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         subprocess.run(
             [str(python), "-m", "vllm_ext.common.compat_check", "check", "--report", str(report)],
-            check=True, cwd="/",
+            check=True, cwd="/", env=env,
         )  # fmt: skip
     reports = [json.loads(p.read_text()) for p in sorted(COMPAT_DIR.glob("*/report.json"))]
     reports.sort(key=lambda r: [int(x) for x in compat.release(r["vllm"]).split(".")])

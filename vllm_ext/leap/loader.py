@@ -13,7 +13,9 @@ Model Runner V2 the LeapConnector hands it that layout every step
 (``start_load_kv``'s ``request_ids`` / ``scheduler_output``); on the V1 runner
 (the CPU build of vLLM 0.32/0.33) it reads the runner's batch, bound here:
 :mod:`vllm_ext.patches.v1_runner_handle` publishes the runner whose
-``load_model`` is running, and its type is checked.
+``load_model`` is running, and its type is checked. V2 runs only with the
+experimental opt-in (:mod:`vllm_ext.leap.runner_gate`): without it the loader
+refuses with one line before the weights load.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.platforms import current_platform
 
+from vllm_ext.common import compat
+from vllm_ext.common.compat import VllmCompatError
 from vllm_ext.common.log import get_logger
+from vllm_ext.leap import runner_gate
 from vllm_ext.leap.batch_layout import V1RunnerLayout, V2StepLayout
 from vllm_ext.leap.probe import ProbeState, decoder_layers
 from vllm_ext.leap.settings import leap_config_from_vllm
@@ -79,10 +84,16 @@ class LeapModelLoader(BaseModelLoader):
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         global PROBE, V2_STEPS
         runner = v1_runner_handle.loading_runner()
+        config = leap_config_from_vllm(vllm_config)
+        if runner is None:  # before the weights load: refuse V2 without the opt-in
+            refused = runner_gate.refusal(
+                config, compat.has_v1_runner(), compat.installed_vllm_version(), True
+            )
+            if refused is not None:
+                raise VllmCompatError(refused)
         model = self.inner.load_model(
             vllm_config=vllm_config, model_config=model_config, prefix=prefix
         )
-        config = leap_config_from_vllm(vllm_config)
         probe = ProbeState(
             config.resolve_layer(len(decoder_layers(model))),
             config.pooling,
@@ -95,12 +106,13 @@ class LeapModelLoader(BaseModelLoader):
         if runner is not None:
             probe.bind_layout(V1RunnerLayout(runner))
             V2_STEPS = None
-        else:  # Model Runner V2: the connector hands over each step's rows
+        else:  # Model Runner V2 (opted in): the connector hands over each step's rows
             V2_STEPS = V2StepLayout()
             probe.bind_layout(V2_STEPS)
             logger.warning(
-                "LEAP on Model Runner V2: the probe maps rows through start_load_kv's "
-                "request_ids (tested on V2's structures, not yet in a V2 engine)"
+                "LEAP on Model Runner V2 (experimental.model_runner_v2): the probe maps rows "
+                "through start_load_kv's request_ids (tested on V2's structures, not yet in a "
+                "V2 engine)"
             )
         PROBE = probe
         return model
