@@ -166,11 +166,11 @@ SUITE: tuple[Entry, ...] = (
         system="flide",
         name="flide",
         module="benchmarks.flide",
-        # the cited result is flide's reduced sweep (its --quick) with 3 timed runs per point
-        full=_args("--quick --repeats 3"),
+        # questions 4/16/64/256 x context 512/1k/4k tokens, 3 rounds per point
+        full=_args("--questions 4,16,64,256 --contexts 512,1024,4096 --repeats 3"),
         quick=_args("--quick --repeats 1"),
         goal=Goal(">=", 9.5),
-        minutes=(1, 5),
+        minutes=(1, 15),
     ),
     Entry(
         system="leap",
