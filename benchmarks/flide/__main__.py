@@ -164,8 +164,9 @@ def measure(variants, points, repeats) -> tuple[dict, dict]:
         label_ids = [tuple(tok.encode(x, add_special_tokens=False)) for x in LABELS]
         label_first = [x[0] for x in label_ids]
         # one untimed round of every variant first: a fresh engine's first calls pay one-time
-        # costs (kernel selection for new shapes) that no round should carry
-        for warm_q, warm_ctx in points[:1]:
+        # costs (kernel selection for new shapes) that no round should carry (with one point,
+        # its median of 3 rounds drops them instead)
+        for warm_q, warm_ctx in points[:1] if len(points) > 1 else ():
             ctx, qs = build("bfcl", warm_q, warm_ctx, tok)
             for name in names:
                 if name == "flide":
@@ -197,7 +198,9 @@ def measure(variants, points, repeats) -> tuple[dict, dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the headline point only, 1 round")
+    parser.add_argument(
+        "--quick", action="store_true", help="the headline point only (1 round unless --repeats)"
+    )
     parser.add_argument("--questions", default="4,16,64,256", help="questions per context")
     parser.add_argument("--contexts", default="512,1024,4096", help="context tokens")
     parser.add_argument("--extra-points", default="",
