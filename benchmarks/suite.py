@@ -166,11 +166,13 @@ SUITE: tuple[Entry, ...] = (
         system="flide",
         name="flide",
         module="benchmarks.flide",
-        # the cited result is flide's reduced sweep (its --quick) with 3 timed runs per point
+        # the headline point only: the grid (--questions 4,16,64,256 --contexts 512,1024,4096)
+        # did not finish on the shared 2-core machine at load ~40 before the deadline
         full=_args("--quick --repeats 3"),
         quick=_args("--quick --repeats 1"),
         goal=Goal(">=", 9.5),
-        minutes=(1, 5),
+        minutes=(1, 15),
+        note="the whole grid: --questions 4,16,64,256 --contexts 512,1024,4096",
     ),
     Entry(
         system="memx",

@@ -16,6 +16,7 @@ architectures vLLM cannot import are recorded as skipped, with the reason.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -61,6 +62,11 @@ def main(argv=None) -> int:
             for dtype in DTYPES[arch.hybrid]:
                 key = f"{name}/{dtype}"
                 runs = []
+                if name.startswith("qwen3.5") and importlib.util.find_spec("torchvision") is None:
+                    # vLLM 0.32's qwen3_5 module imports qwen3_vl's image code
+                    results[key] = {"skipped": "vLLM cannot import its qwen3_5 model without "
+                                    "torchvision"}  # fmt: skip
+                    continue
                 try:
                     for n in range(args.seeds):
                         start = time.perf_counter()

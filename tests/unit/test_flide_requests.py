@@ -9,6 +9,7 @@ from vllm_ext.flide.batch import FlideInputError, Item, validate_items, validate
 from vllm_ext.flide.classifier import answers
 from vllm_ext.flide.config import FlideConfig, flide_config
 from vllm_ext.flide.plan import (
+    UNBOUNDED_PASS_TOKENS,
     engine_step_tokens,
     parse_items,
     parse_labels,
@@ -85,6 +86,9 @@ def test_a_pass_is_capped_at_the_engines_step_tokens():
     assert pass_budget(FlideConfig(max_packed_tokens=8192), 2048) == 2048
     assert pass_budget(FlideConfig(max_packed_tokens=512), 2048) == 512
     assert pass_budget(FlideConfig(max_packed_tokens=512), None) == 512
+    assert FlideConfig().max_packed_tokens is None  # default: the engine's step size
+    assert pass_budget(FlideConfig(), 2048) == 2048
+    assert pass_budget(FlideConfig(), None) == UNBOUNDED_PASS_TOKENS
     contexts, questions = parse_items(
         [{"context": "x" * 99, "questions": ["q" * 30] * 20}], tokenize, CONFIG
     )
@@ -106,3 +110,8 @@ def test_config_rejects_unknown_keys_and_bad_values():
     with pytest.raises(ConfigError, match="max_labels must be >= 2"):
         flide_config({"max_labels": 1})
     assert flide_config({}, environ={"VLLMEXT_FLIDE_MAX_QUESTIONS": "7"}).max_questions == 7
+    with pytest.raises(ConfigError, match="max_packed_tokens must be >= 1"):
+        flide_config({"max_packed_tokens": 0})
+    env = {"VLLMEXT_FLIDE_MAX_PACKED_TOKENS": "1024"}
+    assert flide_config({}, environ=env).max_packed_tokens == 1024
+    assert flide_config({"max_packed_tokens": None}).max_packed_tokens is None

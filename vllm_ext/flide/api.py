@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from vllm.logger import init_logger
 
+from vllm_ext.common import compat
 from vllm_ext.common.systems import config_from_vllm
 from vllm_ext.flide.batch import FlideInputError, Item, validate_items
 from vllm_ext.flide.classifier import RPC_METHOD, WORKER_EXTENSION, answers
@@ -78,6 +79,9 @@ class FlideEndpoint:
         app.add_api_route(ROUTE, classify, methods=["POST"])
 
     async def init_state(self, engine_client, state, args) -> None:
+        state.flide_engine = None
+        if not compat.require(SYSTEM):  # logs each missing seam; the route then answers 503
+            return
         state.flide_config = config_from_vllm(SYSTEM, args)
         state.flide_budget = pass_budget(
             state.flide_config, engine_step_tokens(getattr(engine_client, "vllm_config", None))
@@ -90,7 +94,8 @@ async def classify(request: Request) -> JSONResponse:
     state = request.app.state
     engine = getattr(state, "flide_engine", None)
     if engine is None:
-        return _error(503, "Flide needs an engine; this server has none", "server_error")
+        why = "Flide is disabled: it needs an engine and the vLLM seams it uses (server log)"
+        return _error(503, why, "server_error")
     try:
         body = await request.json()
     except ValueError:

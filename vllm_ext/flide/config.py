@@ -20,10 +20,11 @@ SYSTEM = "flide"
 class FlideConfig:
     """Limits of packed classification."""
 
-    max_packed_tokens: int = option(
-        8192,
-        doc="tokens per packed pass; larger requests are split into several passes "
-        "(a pass runs between engine steps, so this bounds the pause it causes)",
+    max_packed_tokens: int | None = option(
+        None,
+        doc="tokens per packed pass (None: the engine's max_num_batched_tokens, never more); "
+        "larger requests are split into several passes (a pass runs between engine steps and "
+        "outside vLLM's memory profile, so this bounds the pause and the memory it takes)",
     )
     max_questions: int = option(4096, doc="questions per request (>= 1); more is a 400 error")
     max_labels: int = option(64, doc="labels per request (>= 2); more is a 400 error")
@@ -31,7 +32,7 @@ class FlideConfig:
     def __post_init__(self) -> None:
         for name, low in (("max_packed_tokens", 1), ("max_questions", 1), ("max_labels", 2)):
             value = getattr(self, name)
-            if value < low:
+            if value is not None and value < low:
                 raise ConfigError(f"FlideConfig.{name} must be >= {low}, got {value}")
 
 

@@ -42,6 +42,7 @@ from vllm.model_executor.layers.attention.attention import Attention
 from vllm.model_executor.layers.mamba.gdn.base import GatedDeltaNetAttention
 from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
 
+from vllm_ext.common import compat
 from vllm_ext.flide.batch import PackedBatch
 from vllm_ext.flide.packing import PackedLayout, key_start, lineage_window
 from vllm_ext.flide.recurrent import DeltaRule, gdn_gating, lineage_conv, segmented_delta_rule
@@ -152,9 +153,6 @@ def cpu_lineage_conv(layer, x: torch.Tensor, layout: PackedLayout, window: torch
     tail for a question; zeros for a context), so every token reads what it
     reads in a separate request. ``x: [T, C]`` bf16; returns ``[T, C]``.
     """
-    from vllm import _custom_ops as ops
-    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
-
     x = x.contiguous()  # the op reads x as [C, T] over [T, C] memory
     width = window.shape[1]
     src = window[layout.starts, : width - 1]
@@ -167,13 +165,13 @@ def cpu_lineage_conv(layer, x: torch.Tensor, layout: PackedLayout, window: torch
     silu = layer.activation in ("silu", "swish")
     if getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None:
         # vLLM packed the taps at load time: it then runs the C++ op (AVX-512 BF16 / Arm BF16)
-        out = ops.causal_conv1d_fwd_cpu(
+        out = compat.locate("flide", "causal_conv1d_fwd_cpu")(
             x=x.t(), weight=layer.conv1d.weight, bias=layer.conv1d.bias, conv_states=states,
             query_start_loc=query_start_loc, cache_indices=slots, has_initial_state=has_state,
             silu_activation=silu, is_weight_packed=True,
         )  # fmt: skip
     else:
-        out = causal_conv1d_fn_cpu(
+        out = compat.locate("flide", "causal_conv1d_fn_cpu")(
             x=x.t(), weight=_conv_weight(layer), bias=layer.conv1d.bias, conv_states=states,
             query_start_loc=query_start_loc, cache_indices=slots, has_initial_state=has_state,
             activation=layer.activation,
@@ -183,9 +181,7 @@ def cpu_lineage_conv(layer, x: torch.Tensor, layout: PackedLayout, window: torch
 
 def cpu_gdn_gating(layer, a: torch.Tensor, b: torch.Tensor):
     """``g [T, H]`` fp32 and ``beta [T, H]`` from vLLM's fused CPU gating op."""
-    from vllm import _custom_ops as ops
-
-    g, beta = ops.fused_gdn_gating_cpu(
+    g, beta = compat.locate("flide", "fused_gdn_gating_cpu")(
         A_log=layer.A_log, a=a.contiguous(), b=b.contiguous(), dt_bias=layer.dt_bias
     )
     return g.reshape(a.shape), beta.reshape(b.shape)
@@ -210,11 +206,9 @@ class CpuDeltaRule:
         return torch.zeros(num, heads, k_dim, v_dim, dtype=torch.float32, device=device)
 
     def __call__(self, q, k, v, g, beta, states, cu_seqlens):
-        from vllm import _custom_ops as ops
-
         bf16 = [t.to(torch.bfloat16).contiguous() for t in (q, k, v, beta)]
         indices = torch.arange(states.shape[0], dtype=torch.int32, device=q.device)
-        out, _ = ops.chunk_gated_delta_rule_cpu(
+        out, _ = compat.locate("flide", "chunk_gated_delta_rule_cpu")(
             query=bf16[0], key=bf16[1], value=bf16[2], g=g.float().contiguous(), beta=bf16[3],
             initial_state=states, output_final_state=True, cu_seqlens=cu_seqlens,
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=indices,
@@ -247,6 +241,10 @@ def check_supported(model: nn.Module, architecture: str) -> None:
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     for name, module in model.named_modules():
+        if isinstance(module, Attention):
+            compat.check_instance("flide", module, "Attention")
+        if isinstance(module, QwenGatedDeltaNetAttention):
+            compat.check_instance("flide", module, "QwenGatedDeltaNetAttention")
         if isinstance(module, Attention) and module.sliding_window is not None:
             raise UnsupportedModelError(
                 f"{architecture}: {name} uses sliding-window attention, which Flide cannot pack"

@@ -16,6 +16,8 @@ from vllm_ext.flide.batch import FlideInputError
 from vllm_ext.flide.config import FlideConfig
 
 Tokenize = Callable[[str, bool], list[int]]
+# the pass budget where neither max_packed_tokens nor the engine's step size is known
+UNBOUNDED_PASS_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -89,16 +91,17 @@ def parse_labels(labels: Sequence[str], tokenize: Tokenize, config: FlideConfig)
 
 
 def pass_budget(config: FlideConfig, max_num_batched_tokens: int | None) -> int:
-    """Tokens per packed pass: ``max_packed_tokens``, capped at vLLM's ``max_num_batched_tokens``.
+    """Tokens per packed pass: ``max_packed_tokens`` (None: vLLM's ``max_num_batched_tokens``),
+    capped at ``max_num_batched_tokens``.
 
     A pass runs between engine steps and holds every other request until it
     ends; capped so, it is no longer than the longest step vLLM itself
     schedules, and a bigger call is split into passes that let the engine
-    step in between.
+    step in between. Without either bound, :data:`UNBOUNDED_PASS_TOKENS`.
     """
-    if max_num_batched_tokens is None or max_num_batched_tokens < 1:
-        return config.max_packed_tokens
-    return min(config.max_packed_tokens, max_num_batched_tokens)
+    step = max_num_batched_tokens if max_num_batched_tokens and max_num_batched_tokens > 0 else None
+    bounds = [b for b in (config.max_packed_tokens, step) if b is not None]
+    return min(bounds) if bounds else UNBOUNDED_PASS_TOKENS
 
 
 def engine_step_tokens(vllm_config) -> int | None:

@@ -10,7 +10,9 @@ cache (see :mod:`vllm_ext.flide.forward`).
 
 from __future__ import annotations
 
+from vllm_ext.common import compat
 from vllm_ext.flide.batch import Item, label_logprobs, pack_items, validate_items, validate_labels
+from vllm_ext.flide.config import SYSTEM
 from vllm_ext.flide.forward import check_supported, packed_logprobs
 
 RPC_METHOD = "flide_classify"
@@ -30,6 +32,8 @@ class FlideWorkerExtension:
         Returns:
             ``[Q][L]`` summed label log-probabilities, questions in input order.
         """
+        if not compat.require(SYSTEM):
+            raise compat.VllmCompatError("; ".join(compat.problems(SYSTEM)))
         model = self.model_runner.get_model()
         config = self.model_runner.vllm_config
         check_supported(model, config.model_config.architecture)
