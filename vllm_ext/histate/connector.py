@@ -43,6 +43,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.core.kv_cache_utils import get_block_hash
 
+from vllm_ext.common import compat
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
@@ -85,6 +86,11 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
     COUNTER_SPECS = COUNTER_SPECS
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        if not compat.require("histate"):
+            # a seam missing in this vLLM would fail mid-serving: refuse now, naming it
+            raise compat.VllmCompatError(
+                "HiStateConnector cannot run on this vLLM: " + "; ".join(compat.problems("histate"))
+            )
         super().__init__(vllm_config, role, kv_cache_config)
         self.counters = self.make_counters()
         # the scheduler and the worker read the same block of --additional-config

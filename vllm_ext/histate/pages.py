@@ -9,10 +9,16 @@ recurrent-state snapshot is the concatenation of the block's page in each
 GDN layer (conv + SSM state, without the padding past the state).
 
 Payloads are plain bytes, so the tiers and the SSD files never see a tensor.
+Copies never call ``.numpy()`` on a device tensor: a page is staged through a
+host buffer (pinned when the cache is on CUDA) and, on CUDA, copied on a side
+stream ordered against the compute stream with events, so a store waits for
+the forward that wrote the page and a load is complete before the next kernel
+reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -58,6 +64,10 @@ class PageCopier:
                         )
                     tensors.append(t)
             self._tensors[group_id] = tensors
+        first = next((ts[0] for ts in self._tensors.values() if ts), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self._cuda = self.device.type == "cuda"
+        self._stream = torch.cuda.Stream(device=self.device) if self._cuda else None
 
     def page_bytes(self, group_id: int) -> int:
         """Payload bytes of one block of ``group_id`` (all its layers)."""
@@ -66,10 +76,15 @@ class PageCopier:
     def read(self, group_id: int, block_id: int) -> bytes:
         """The block's pages of every layer of ``group_id``, concatenated."""
         self._check(block_id)
-        parts = [
-            t[block_id].contiguous().view(torch.uint8).reshape(-1) for t in self._tensors[group_id]
-        ]
-        return torch.cat(parts).numpy().tobytes()
+        host = torch.empty(self.page_bytes(group_id), dtype=torch.uint8, pin_memory=self._cuda)
+        with self._side_stream(wait_for_compute=True):
+            offset = 0
+            for t in self._tensors[group_id]:
+                page = t[block_id].contiguous().view(torch.uint8).reshape(-1)
+                host[offset : offset + page.numel()].copy_(page, non_blocking=self._cuda)
+                offset += page.numel()
+        # ``host`` is a CPU tensor: its bytes are complete once the side stream is synced
+        return host.numpy().tobytes()
 
     def write(self, group_id: int, block_id: int, payload: bytes) -> None:
         """Inverse of :meth:`read`: fill the block's pages from ``payload``."""
@@ -80,13 +95,39 @@ class PageCopier:
                 f"payload of {len(payload)} bytes for group {group_id}, expected {expected}"
             )
         flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        offset = 0
-        for t in self._tensors[group_id]:
-            page = t[block_id]
-            n = page.numel() * page.element_size()
-            src = flat[offset : offset + n].view(page.dtype).view(page.shape)
-            page.copy_(src)
-            offset += n
+        if self._cuda:
+            flat = flat.pin_memory()
+        with self._side_stream(wait_for_compute=False):
+            offset = 0
+            for t in self._tensors[group_id]:
+                page = t[block_id]
+                n = page.numel() * page.element_size()
+                src = flat[offset : offset + n].to(self.device, non_blocking=self._cuda)
+                page.copy_(src.view(page.dtype).view(page.shape))
+                offset += n
+
+    @contextlib.contextmanager
+    def _side_stream(self, *, wait_for_compute: bool):
+        """Run copies on the side stream; on exit the compute stream and the host see them done.
+
+        CPU: a plain block (copies are synchronous). CUDA: the side stream first
+        waits for the compute stream when the pages were just written by the
+        forward (stores), the copies run there, and an event makes both the
+        compute stream (loads: the next kernels read these pages) and the host
+        (the host buffer is read or freed next) wait for them.
+        """
+        if self._stream is None:
+            yield
+            return
+        compute = torch.cuda.current_stream(self.device)
+        if wait_for_compute:
+            self._stream.wait_stream(compute)
+        with torch.cuda.stream(self._stream):
+            yield
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        compute.wait_event(done)
+        done.synchronize()
 
     def _check(self, block_id: int) -> None:
         if not 0 < block_id < self.num_blocks:

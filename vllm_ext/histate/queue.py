@@ -204,8 +204,12 @@ class EvictionQueue:
     def _evict_by_order(self, goal: float) -> list[Item]:
         candidates = [item for item in self._items.values() if not item.pins]
         evicted: list[Item] = []
-        for item in self.policy.order(candidates):
-            if self.used_bytes <= goal:
+        # pull the next victim only while one is needed: a policy may yield lazily and
+        # commit each victim as it yields it (vLLM's CachePolicy.evict in the simulator)
+        victims = iter(self.policy.order(candidates))
+        while self.used_bytes > goal:
+            item = next(victims, None)
+            if item is None:
                 break
             self._drop(item)
             evicted.append(item)

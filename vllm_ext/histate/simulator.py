@@ -97,9 +97,10 @@ class InstanceSim:
         else:
             self.device = EvictionQueue(LruPolicy(cfg), cost.device_bytes)
         policy = policy_cls(cfg) if policy_cls is not None else None
+        ssd_policy = policy_cls(cfg) if policy_cls is not None else None
         self.tiers = (
             None if variant in DEVICE_ONLY
-            else TieredCache(cfg, keep_payloads=False, policy=policy)
+            else TieredCache(cfg, keep_payloads=False, policy=policy, ssd_policy=ssd_policy)
         )  # fmt: skip
         # the prefix tree for Marconi's branch points
         self.branches = BranchTracker()

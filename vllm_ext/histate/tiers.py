@@ -56,12 +56,14 @@ class TieredCache:
         keep_payloads: keep host payload bytes (False in the simulator).
         counters: HiState counters. Default: the store's, else a fresh set.
         policy: overrides ``make_policy(config)`` (the simulator's ablations).
+        ssd_policy: the SSD tier's own instance when a policy keeps per-tier state
+            (vLLM's lru/arc in the simulator). Default: ``policy``.
     """
 
     def __init__(
         self, config: HiStateConfig, *, ssd_store: SnapshotStore | None = None,
         keep_payloads: bool = True, counters: Counters | None = None,
-        policy: Policy | None = None,
+        policy: Policy | None = None, ssd_policy: Policy | None = None,
     ):  # fmt: skip
         self.config = config
         self.policy = policy or make_policy(config)
@@ -77,7 +79,7 @@ class TieredCache:
         self.host = EvictionQueue(
             self.policy, config.host_bytes, config.evict_slack, spills=ssd_cap > 0
         )
-        self.ssd = EvictionQueue(self.policy, ssd_cap, config.evict_slack)
+        self.ssd = EvictionQueue(ssd_policy or self.policy, ssd_cap, config.evict_slack)
         self._payloads: dict[str, bytes] | None = {} if keep_payloads else None
         self._lock = threading.RLock()
         if ssd_store is not None:
