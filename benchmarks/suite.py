@@ -233,10 +233,11 @@ SUITE: tuple[Entry, ...] = (
         system="acct",
         name="acct_quality",
         module="benchmarks.acct",
-        # the checkpoint: `python -m vllm_ext.acct train` (docs/acct.md, Results)
+        # the checkpoint: `python -m vllm_ext.acct train --steps 0` (docs/acct.md, Results)
         full=_args(
-            f"quality --checkpoint kl64={_ACCT_CK}/ck_kl:64 --checkpoint kl256={_ACCT_CK}/ck_kl:256"
-            f" --checkpoint ridge={_ACCT_CK}/ck_ridge --windows 6 --context 1536 --continuation 128"
+            f"quality --checkpoint ridge64={_ACCT_CK}/ck_ridge:64 --checkpoint "
+            f"ridge256={_ACCT_CK}/ck_ridge:256 --checkpoint ridge={_ACCT_CK}/ck_ridge "
+            "--windows 6 --context 1536 --continuation 128"
         ),
         # the identity import needs no trained checkpoint: the chain end to end
         quick=_args("quality --checkpoint id=identity --windows 1 --context 512 --continuation 32"),

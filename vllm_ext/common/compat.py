@@ -271,6 +271,15 @@ SEAMS: tuple[Seam, ...] = (
          "FlideEndpoint's contract (attach_router, init_state)"),
     Seam("flide", "vllm.plugins", "load_endpoint_plugins", "symbol",
          "vLLM loads Flide's route when VLLM_PLUGINS names it"),
+    # ---- ACCT (vllm_ext/acct/connector.py; the four shared ones are in the product block)
+    Seam("acct", _KVB, "KVConnectorBase_V1.get_block_ids_with_load_errors", "signature",
+         "a rejected import's blocks go back to vLLM's own prefill"),
+    Seam("acct", "vllm.v1.request", "Request.num_tokens", "attribute",
+         "offer the block-aligned prompt prefix minus the last token"),
+    Seam("acct", "vllm.v1.request", "Request.all_token_ids", "instance",
+         "the prefix's token ids go to the worker in the import job"),
+    Seam("acct", "vllm.v1.kv_cache_interface", "KVCacheConfig.kv_cache_groups", "instance",
+         "ACCT imports into one KV-cache group only"),
     # ---- registered patches (patches/README.md)
     Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
          "patches/vllm_cpu_cli_version.py replaces the module's importlib"),
