@@ -115,6 +115,7 @@ _LEAP_512 = "--max-tokens 512 --dtype float32 --calibration 512 --drift 32"
 # quick traces and saved runs apart from the full ones (histate.engine --reuse reads that folder)
 _QUICK_TRACES = "tmp/histate_traces_quick"
 _REPEATS_NOTE = "the cited run had --repeats {}; 3 rounds now"
+_ACCT_CK = "~/.cache/vllm_ext/acct"
 
 SUITE: tuple[Entry, ...] = (
     Entry(
@@ -230,6 +231,44 @@ SUITE: tuple[Entry, ...] = (
         headline=False,
         min_rounds=1,
         note=f"reads the recording made by {_LEAP_HEAD}",
+    ),
+    Entry(
+        system="acct",
+        name="acct",
+        module="benchmarks.acct",
+        full=_args("speed --contexts 1024,2048,4096,8192 --rounds 3"),
+        quick=_args("speed --contexts 512,1024 --rounds 1"),
+        goal=Goal(">=", 6.5),
+        minutes=(0.5, 25),
+        note="the promoted run was stopped after 1024 tokens (load average 20-28 on 2 cores)",
+    ),
+    Entry(
+        system="acct",
+        name="acct_quality",
+        module="benchmarks.acct",
+        # the checkpoint: `python -m vllm_ext.acct train --steps 0` (docs/acct.md, Results)
+        full=_args(
+            f"quality --checkpoint ridge64={_ACCT_CK}/ck_ridge:64 --checkpoint "
+            f"ridge256={_ACCT_CK}/ck_ridge:256 --checkpoint ridge={_ACCT_CK}/ck_ridge "
+            "--windows 2 --context 1024 --continuation 64"
+        ),
+        # the identity import needs no trained checkpoint: the chain end to end
+        quick=_args("quality --checkpoint id=identity --windows 1 --context 512 --continuation 32"),
+        goal=Goal("<=", 1.01),
+        minutes=(1, 10),
+        min_rounds=1,  # deterministic: no timing
+        note="2 windows of 1024 tokens (the load average of 20-28 left no time for 6 of 1536)",
+    ),
+    Entry(
+        system="acct",
+        name="acct_compressed",
+        module="benchmarks.acct",
+        full=_args("compressed --context 2048 --continuation 64 --train 6 --windows 4"),
+        quick=_args("compressed --context 256 --continuation 16 --train 1 --windows 1"),
+        goal=Goal("<=", 1.01),
+        minutes=(1, 15),
+        headline=False,
+        min_rounds=1,  # deterministic: no timing
     ),
 )
 

@@ -78,6 +78,15 @@ SYSTEMS: dict[str, SystemLaunch] = {
             "needs --worker-extension-cls vllm_ext.flide.worker.FlideWorkerExtension",
         },
     ),
+    "acct": SystemLaunch(
+        "acct",
+        kv_connector={
+            "kv_connector": "AcctConnector",
+            "kv_connector_module_path": "vllm_ext.acct.connector",
+            # the online check hands a rejected import back to vLLM's own prefill
+            "kv_load_failure_policy": "recompute",
+        },
+    ),
 }
 
 
@@ -232,11 +241,18 @@ def _one_connector(connectors: list[dict]) -> dict:
     if len(connectors) == 1:
         return {"kv_role": "kv_both", **connectors[0]}
     inner = [{"kv_role": "kv_both", **c} for c in connectors]
-    return {
+    multi = {
         "kv_connector": "MultiConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"connectors": inner},
     }
+    # vLLM's scheduler reads the failure policy of the outer config only
+    policies = {c["kv_load_failure_policy"] for c in inner if "kv_load_failure_policy" in c}
+    if len(policies) > 1:
+        raise LaunchError(f"connectors need different kv_load_failure_policy: {sorted(policies)}")
+    if policies:
+        multi["kv_load_failure_policy"] = policies.pop()
+    return multi
 
 
 def _compose_env(

@@ -1,11 +1,13 @@
 """``python -m benchmarks.acct speed|quality``: ACCT's two headlines.
 
 Writes ``benchmarks/out/acct.json`` (speed) and ``benchmarks/out/acct_quality.json``
-(quality), each with .md and .png, through :func:`vllm_ext.bench.write_result`.
+(quality) and ``benchmarks/out/acct_compressed.json`` (compressed mode), each with
+.md and .png, through :func:`vllm_ext.bench.write_result`.
 Single-thread CPU work: run it under ``nice`` on a shared machine.
 
     python -m benchmarks.acct speed --checkpoint CK --contexts 1024,2048,4096,8192
     python -m benchmarks.acct quality --checkpoint kl=CK_KL --checkpoint ridge=CK_RIDGE
+    python -m benchmarks.acct compressed --context 2048 --fractions 0.1,0.25,0.5
 """
 
 from __future__ import annotations
@@ -45,7 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     quality.add_argument("--max-delta-nll", type=float, default=0.05)
     quality.add_argument("--min-top1", type=float, default=0.97)
-    for p in (speed, quality):
+    comp = sub.add_parser("compressed", help="per-head token dropping: NLL vs KV kept")
+    comp.add_argument("--context", type=int, default=2048)
+    comp.add_argument("--continuation", type=int, default=64)
+    comp.add_argument("--train", type=int, default=6, help="training windows for the scorer")
+    comp.add_argument("--windows", type=int, default=4, help="held-out evaluation windows")
+    comp.add_argument("--fractions", default="0.1,0.25,0.5")
+    comp.add_argument("--source-layers", type=int, default=4)
+    comp.add_argument("--sink-tokens", type=int, default=4)
+    for p in (speed, quality, comp):
         p.add_argument("--model", default="smollm2")
         p.add_argument("--out", default="benchmarks/out")
     args = parser.parse_args(argv)
@@ -59,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         for result in run_incremental(model_dir, args.checkpoint, contexts, args.rounds,
                                       args.source_layers, args.sink_tokens, progress):  # fmt: skip
             paths = write_result(result, args.out)
+    elif args.command == "compressed":
+        from benchmarks.acct.compressed import run
+
+        fractions = [float(f) for f in args.fractions.split(",")]
+        result = run(model_dir, args.context, args.continuation, args.train, args.windows,
+                     fractions, args.source_layers, args.sink_tokens, progress)  # fmt: skip
     else:
         from benchmarks.acct.quality import run
 

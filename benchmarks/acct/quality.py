@@ -29,7 +29,7 @@ from vllm_ext.acct.checkpoint import load_pipeline
 from vllm_ext.acct.data import eval_windows
 from vllm_ext.acct.llama import TorchLlama
 from vllm_ext.acct.quality import equal_compute_tokens, gate_report, score_variants
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline
+from vllm_ext.bench import BenchResult, collect_fingerprint, headline_from_rounds
 
 
 def gate_of(result: BenchResult, name: str, max_delta_nll: float, min_top1: float) -> dict:
@@ -69,11 +69,12 @@ def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
     first = next(iter(checkpoints))
     keep = equal_compute_tokens(pipelines[first], context)
     truncated = variants[f"truncated:{keep}"]["nll"]
-    headline = make_headline(
+    # deterministic (no timing): one round is the measurement
+    headline = headline_from_rounds(
         f"continuation NLL (nats/token) over a {context}-token imported cache vs own prefill "
         f"(truncation to {keep} tokens at equal compute: {truncated:.3f})",
-        variants[f"acct:{first}"]["nll"],
-        variants["own"]["nll"],
+        [variants[f"acct:{first}"]["nll"]],
+        [variants["own"]["nll"]],
         "own",
         higher_is_better=False,
         target="ratio <= 1.01 and below truncated at equal compute",

@@ -172,3 +172,18 @@ def test_flide_adds_its_worker_extension_and_allowlists_its_route():
     assert plan.env["VLLM_PLUGINS"].split(",") == ["vllm_ext", "leap", "flide"]
     with pytest.raises(LaunchError, match="worker RPC"):
         compose("m", ["flide"], ["--worker-extension-cls", "other.Ext"], {}, systems=SYSTEMS)
+
+
+def test_acct_adds_its_connector_with_recompute_also_behind_multiconnector():
+    kv = _kv(compose("m", ["acct"], [], {}))
+    assert kv["kv_connector"] == "AcctConnector"
+    assert kv["kv_connector_module_path"] == "vllm_ext.acct.connector"
+    assert kv["kv_load_failure_policy"] == "recompute"
+    kv = _kv(compose("m", ["histate", "acct"], [], {}))
+    assert kv["kv_connector"] == "MultiConnector"
+    assert kv["kv_load_failure_policy"] == "recompute"  # the scheduler reads the outer one
+    names = [c["kv_connector"] for c in kv["kv_connector_extra_config"]["connectors"]]
+    assert names == ["HiStateConnector", "AcctConnector"]
+    user = '{"kv_connector": "X", "kv_load_failure_policy": "fail"}'
+    with pytest.raises(LaunchError, match="kv_load_failure_policy"):
+        compose("m", ["acct"], ["--kv-transfer-config", user], {})

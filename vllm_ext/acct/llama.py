@@ -15,6 +15,7 @@ SmolLM2-135M from the ``smollm2`` asset. Computes in the dtype it is loaded in
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,11 +188,15 @@ class TorchLlama(nn.Module):
         past: KV | None = None,
         *,
         keep_pre_rope: bool = False,
+        past_bias: torch.Tensor | None = None,
     ) -> LayerOut:
         """Run decoder layer ``index`` over ``hidden`` (``[tokens, hidden]``).
 
         The new tokens attend to ``past`` (all of it) and causally to each other.
         Returns the layer output and the new tokens' own KV (not concatenated).
+        ``past_bias`` (``[kv_heads, past tokens]``) is added to the attention logits
+        of the past tokens: ``-inf`` drops a token from one KV head, and its gradient
+        at 0 is the first-order effect of deleting it (:mod:`vllm_ext.acct.compress`).
         """
         s, layer = self.shape, self.layers[index]
         attn = layer.self_attn
@@ -204,7 +209,7 @@ class TorchLlama(nn.Module):
         keys, values = (
             (k, v) if past is None else (torch.cat([past[0], k], 1), torch.cat([past[1], v], 1))
         )
-        out = attend(q, keys, values, s.num_heads // s.num_kv_heads)
+        out = attend(q, keys, values, s.num_heads // s.num_kv_heads, past_bias)
         hidden = hidden + attn.o_proj(out.transpose(0, 1).reshape(hidden.shape[0], -1))
         x = layer.post_attention_layernorm(hidden)
         mlp = layer.mlp
@@ -217,26 +222,47 @@ class TorchLlama(nn.Module):
         return x @ weight.T
 
     def forward_with_cache(
-        self, ids: torch.Tensor, positions: torch.Tensor, past: list[KV] | None = None
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        past: list[KV] | None = None,
+        past_bias: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, list[KV]]:
         """Logits of ``ids`` at ``positions`` over ``past`` (one KV per layer), and their KV."""
         hidden = self.embed(ids)
         cs = self.cos_sin(positions)
         new: list[KV] = []
         for i in range(self.shape.num_layers):
-            out = self.layer(i, hidden, cs, None if past is None else past[i])
+            bias = None if past_bias is None else past_bias[i]
+            out = self.layer(i, hidden, cs, None if past is None else past[i], past_bias=bias)
             hidden = out.hidden
             new.append(out.kv)
         return self.logits(hidden), new
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
-    """Causal GQA attention of the last ``q.shape[1]`` positions over all of ``k``/``v``."""
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: int,
+    past_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention of the last ``q.shape[1]`` positions over all of ``k``/``v``.
+
+    ``past_bias``: ``[kv_heads, past]`` added to the logits of the first ``past`` keys.
+    """
     if group > 1:
         k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
     n_new, n_all = q.shape[1], k.shape[1]
     mask = torch.ones(n_new, n_all, dtype=torch.bool, device=q.device).tril(n_all - n_new)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if past_bias is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    bias = torch.zeros(n_new, n_all, dtype=q.dtype, device=q.device).masked_fill(~mask, -math.inf)
+    bias = bias.expand(q.shape[0], n_new, n_all)
+    past = past_bias.to(q.dtype).repeat_interleave(group, 0)[:, None, :].expand(-1, n_new, -1)
+    bias = torch.cat([bias[..., : past.shape[-1]] + past, bias[..., past.shape[-1] :]], -1)
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5 + bias
+    return torch.softmax(scores, -1) @ v
 
 
 def concat_kv(a: KV, b: KV) -> KV:

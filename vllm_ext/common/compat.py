@@ -415,6 +415,10 @@ SEAMS: tuple[Seam, ...] = (
          "an import's allocated blocks", ()),
     Seam("acct", "vllm.v1.request", "Request.__init__", "source",
          "the tokens ACCT converts", ("self.all_token_ids",)),
+    Seam("acct", "vllm.v1.request", "Request.num_tokens", "attribute",
+         "offer the block-aligned prompt prefix minus the last token"),
+    Seam("acct", "vllm.v1.kv_cache_interface", "KVCacheConfig.kv_cache_groups", "instance",
+         "ACCT imports into one KV-cache group only"),
     # ---- registered patches (patches/README.md)
     Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
          "patches/vllm_cpu_cli_version.py replaces the module's importlib"),
