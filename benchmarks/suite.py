@@ -219,6 +219,24 @@ SUITE: tuple[Entry, ...] = (
         min_rounds=1,
         note=f"reads the recording made by {_LEAP_HEAD}",
     ),
+    Entry(
+        system="ark",
+        name="ark_sim",
+        module="benchmarks.ark.sim",
+        full=(),
+        quick=_args("--quick"),
+        goal=Goal("<=", 0.727),  # mean FCT >= 27.3 % lower than random ports (the paper)
+        minutes=(0.5, 6),
+    ),
+    Entry(
+        system="ark",
+        name="ark_testbed",
+        module="benchmarks.ark.testbed",
+        full=_args("--rounds 3"),
+        quick=_args("--rounds 1 --requests 8"),
+        goal=Goal("<=", 0.73),  # random/ARK >= 1.37
+        minutes=(1, 10),
+    ),
 )
 
 
