@@ -31,13 +31,15 @@ class ShimBuildError(RuntimeError):
     """The shim could not be built (no compiler, no source, compiler error)."""
 
 
-def build(cache: Path = CACHE, source: Path = SOURCE) -> Path:
-    """Path of the compiled shim, building it if needed."""
+def build(
+    cache: Path = CACHE, source: Path = SOURCE, libs: tuple[str, ...] = ("-ldl", "-lpthread")
+) -> Path:
+    """Path of the compiled shared object of ``source`` (default: the shim), built if needed."""
     if not source.is_file():
         raise ShimBuildError(f"shim source not found at {source} (needs a source checkout)")
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    out = cache / f"ark_bind_shim-{digest}.so"
+    digest = hashlib.sha256(source.read_bytes() + " ".join(libs).encode()).hexdigest()[:16]
+    out = cache / f"{source.stem}-{digest}.so"
     if out.is_file():
         return out
     if compiler is None:
@@ -45,7 +47,7 @@ def build(cache: Path = CACHE, source: Path = SOURCE) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
     cmd = [compiler, "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", str(tmp),
-           str(source), "-ldl", "-lpthread"]  # fmt: skip
+           str(source), *libs]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -271,6 +271,15 @@ SEAMS: tuple[Seam, ...] = (
          "FlideEndpoint's contract (attach_router, init_state)"),
     Seam("flide", "vllm.plugins", "load_endpoint_plugins", "symbol",
          "vLLM loads Flide's route when VLLM_PLUGINS names it"),
+    # ---- ARK: NIXL wrapper (vllm_ext/ark/nixl.py)
+    Seam("ark", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector",
+         "NixlPullConnector.__init__", "signature",
+         "ArkNixlConnector extends vLLM's NIXL pull connector",
+         ("vllm_config", "role", "kv_cache_config")),
+    Seam("ark", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker",
+         "NixlBaseConnectorWorker._nixl_handshake", "signature",
+         "wrapped per worker instance: ARK's ports reach the shim before UCX connects",
+         ("host", "port", "remote_tp_size", "expected_engine_id")),
     # ---- registered patches (patches/README.md)
     Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
          "patches/vllm_cpu_cli_version.py replaces the module's importlib"),
