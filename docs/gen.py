@@ -84,7 +84,7 @@ CITED = (
     ("histate", "histate_engine", "agentic sessions on the tiny hybrid, real engine, CPU"),
     ("histate", "histate_sim", "simulated 7B hybrid on an H200 + NVMe, agentic traces"),
     ("flide", "flide", "64 BFCL questions about one 1024-token context, tiny hybrid"),
-    ("ark", "ark_testbed", "KV-sized TCP flows on a netns leaf-spine (2 leaves x 4 hosts, 4 spines)"),
+    ("ark", "ark_testbed", "KV-sized TCP flows, netns leaf-spine (2 leaves x 4 hosts, 4 spines)"),
     ("ark", "ark_sim", "flow-level simulation, 256 hosts, 8 spines, 100 Gb/s, P/D trace"),
 )  # fmt: skip
 # the command lines of results that predate recording them (as their authors documented)

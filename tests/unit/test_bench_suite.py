@@ -83,7 +83,7 @@ def test_full_runs_quote_enough_rounds(entry: Entry) -> None:
     if "flide" in entry.module:  # timed runs per point
         assert "--repeats 3" in args
     else:
-        assert re.search(r"--repeats ([3-9]|\d\d)", args), args
+        assert re.search(r"--(repeats|rounds) ([3-9]|\d\d)", args), args
 
 
 def _result(out: Path, name: str, rounds: bool = True) -> None:
