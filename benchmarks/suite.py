@@ -270,6 +270,25 @@ SUITE: tuple[Entry, ...] = (
         headline=False,
         min_rounds=1,  # deterministic: no timing
     ),
+    Entry(
+        system="ark",
+        name="ark_sim",
+        module="benchmarks.ark.sim",
+        full=(),
+        quick=_args("--quick"),
+        goal=Goal("<=", 0.727),  # mean FCT >= 27.3 % lower than random ports (the paper)
+        minutes=(0.5, 25),
+        min_rounds=1,  # deterministic; its 3 seeds are fixed in the module
+    ),
+    Entry(
+        system="ark",
+        name="ark_testbed",
+        module="benchmarks.ark.testbed",
+        full=_args("--rounds 3"),
+        quick=_args("--rounds 1 --requests 8"),
+        goal=Goal("<=", 0.73),  # random/ARK >= 1.37
+        minutes=(1, 10),
+    ),
 )
 
 

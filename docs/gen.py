@@ -85,6 +85,10 @@ CITED = (
     ("histate", "histate_sim", "simulated 7B hybrid on an H200 + NVMe, agentic traces"),
     ("flide", "flide", "64 BFCL questions about one 1024-token context, tiny hybrid"),
     ("memx", "memx", "plan search, 3-vendor 24-GPU cluster, LLaMA-33B, one core"),
+    ("ark", "ark_testbed", "KV-sized TCP flows, netns leaf-spine (2 leaves x 4 hosts, 4 spines)"),
+    ("ark", "ark_sim", "flow-level simulation, 256 hosts, 8 spines, 100 Gb/s, P/D trace"),
+    ("acct", "acct", "import vs own prefill of a 1024-token context, SmolLM2-135M, CPU-s"),
+    ("acct", "acct_quality", "next-64-token NLL after a 1024-token context, 2 held-out windows"),
 )  # fmt: skip
 # the command lines of results that predate recording them (as their authors documented)
 KNOWN_COMMANDS = {
@@ -111,6 +115,10 @@ SYSTEM_ROWS = (
      "packed pass, equal to asking each alone"),
     ("MemX", "memx", "searches training parallel plans for mixed-vendor clusters, scoring "
      "time, peak memory and its variance across GPUs"),
+    ("ARK", "ark", "picks KV-transfer source ports from peers' announcements so concurrent "
+     "transfers hash onto different spines"),
+    ("ACCT", "acct", "fills the target's KV cache for a long prefix from a cheaper source "
+     "through trained converters, with a quality gate that falls back to prefill"),
     ("(none)", "suite", "`vllm-ext serve` with no system enabled: the suite's own overhead"),
 )  # fmt: skip
 

@@ -87,6 +87,24 @@ SYSTEMS: dict[str, SystemLaunch] = {
             "kv_load_failure_policy": "recompute",
         },
     ),
+    # ARK: a P/D pair; the word names the instance's role (the proxy joins them)
+    "ark-prefill": SystemLaunch(
+        "ark-prefill",
+        kv_connector={
+            "kv_connector": "ArkConnector",
+            "kv_connector_module_path": "vllm_ext.ark.connector",
+            "kv_role": "kv_producer",
+        },
+    ),
+    "ark-decode": SystemLaunch(
+        "ark-decode",
+        kv_connector={
+            "kv_connector": "ArkConnector",
+            "kv_connector_module_path": "vllm_ext.ark.connector",
+            "kv_role": "kv_consumer",
+            "kv_load_failure_policy": "recompute",
+        },
+    ),
 }
 
 

@@ -32,8 +32,8 @@ from tqdm import tqdm
 from vllm_ext.bench import (
     BenchResult,
     collect_fingerprint,
+    headline_from_rounds,
     headline_text,
-    make_headline,
     write_result,
 )
 
@@ -93,10 +93,12 @@ def build(cfg, results, seconds, loads, seeds, quick) -> BenchResult:
                 table[f"u{load:g} {metric} ark/{base}"] = {
                     "median": statistics.median(r), "min": min(r), "max": max(r)
                 }  # fmt: skip
-    fct = statistics.median(results[(head, s, "ark")]["mean_fct_s"] for s in seeds)
-    base = statistics.median(results[(head, s, "random")]["mean_fct_s"] for s in seeds)
-    headline = make_headline(f"u{head:g} mean_fct_s (median of {len(seeds)} seeds)", fct, base,
-                             "random source ports (ECMP)", False, FCT_TARGET)  # fmt: skip
+    headline = headline_from_rounds(
+        f"u{head:g} mean_fct_s (median of {len(seeds)} seeds)",
+        [results[(head, s, "ark")]["mean_fct_s"] for s in seeds],
+        [results[(head, s, "random")]["mean_fct_s"] for s in seeds],
+        "random source ports (ECMP)", False, FCT_TARGET,
+    )  # fmt: skip
     return BenchResult(
         name=NAME,
         description=describe(table, head),
@@ -137,18 +139,32 @@ def plot(results, loads, seeds, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     from vllm_ext.ark.simulator import VARIANTS
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    head = HEAD_LOAD if HEAD_LOAD in loads else loads[0]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for v in VARIANTS:
         ys = [statistics.median(results[(u, s, v)]["mean_fct_s"] for s in seeds) for u in loads]
-        axes[0].plot(loads, ys, marker="o", label=v)
-        spines = results[(HEAD_LOAD if HEAD_LOAD in loads else loads[0], seeds[0], v)]
-        axes[1].plot(spines["spine_bytes_gb"], marker=".", label=v)
-    axes[0].set(xlabel="prefill utilization", ylabel="mean FCT (s)", title="mean KV-transfer FCT")
-    axes[1].set(xlabel="spine", ylabel="GB carried", title="bytes per spine (one seed)")
-    axes[0].legend()
+        axes[0, 0].plot(loads, ys, marker="o", label=v)
+        one = results[(head, seeds[0], v)]
+        fcts = np.sort(np.concatenate([results[(head, s, v)]["fcts_s"] for s in seeds]))
+        axes[0, 1].plot(fcts, np.arange(1, len(fcts) + 1) / len(fcts), label=v)
+        axes[1, 0].plot(one["spine_bytes_gb"], marker=".", label=v)
+    for v, ax in (("random", axes[1, 1]), ("ark", axes[1, 1])):
+        rates = results[(head, seeds[0], v)]["spine_gbps_over_time"]
+        ax.plot(rates["t_s"], np.max(rates["gbps"], axis=0), label=f"{v}: busiest spine")
+        ax.plot(rates["t_s"], np.min(rates["gbps"], axis=0), ls="--", label=f"{v}: idlest spine")
+    axes[0, 0].set(xlabel="prefill utilization", ylabel="mean FCT (s)",
+                   title="mean KV-transfer FCT")  # fmt: skip
+    axes[0, 1].set(xscale="log", xlabel="FCT (s)", ylabel="fraction of transfers",
+                   title=f"FCT CDF, utilization {head:g}, all seeds")  # fmt: skip
+    axes[1, 0].set(xlabel="spine", ylabel="GB carried", title="bytes per spine (one seed)")
+    axes[1, 1].set(xlabel="time (s)", ylabel="Gb/s per spine",
+                   title="per-spine throughput over time (one seed)")  # fmt: skip
+    for ax in axes.flat:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -24,6 +24,7 @@ Run: ``make ark-testbed`` or ``python -m benchmarks.ark.testbed`` (root, ~6 min)
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -33,8 +34,8 @@ from pathlib import Path
 from vllm_ext.bench import (
     BenchResult,
     collect_fingerprint,
+    headline_from_rounds,
     headline_text,
-    make_headline,
     write_result,
 )
 
@@ -101,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
             row[key] = statistics.median(values)
             row[f"{key}_min"], row[f"{key}_max"] = min(values), max(values)
         variants[v] = row
-    ours, base = variants["ark"]["mean_fct_s"], variants["random"]["mean_fct_s"]
     per_round = {v: [results[(s, "ark")]["mean_fct_s"] / results[(s, v)]["mean_fct_s"]
                      for s in seeds] for v in VARIANTS if v != "ark"}  # fmt: skip
     result = BenchResult(
@@ -110,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         + "\n\nARK/baseline mean FCT per round: "
         + "; ".join(f"{v}: " + ", ".join(f"{r:.3f}" for r in rs) for v, rs in per_round.items()),
         variants=variants,
-        headline=make_headline(f"mean_fct_s (median of {args.rounds} rounds)", ours, base,
-                               "random source ports (ECMP)", False, TARGET),  # fmt: skip
+        headline=headline_from_rounds(
+            f"mean_fct_s (median of {args.rounds} rounds)",
+            [results[(s, "ark")]["mean_fct_s"] for s in seeds],
+            [results[(s, "random")]["mean_fct_s"] for s in seeds],
+            "random source ports (ECMP)", False, TARGET,
+        ),  # fmt: skip
         fingerprint={**collect_fingerprint(), "testbed": net},
         config={"rounds": args.rounds, "requests": args.requests, "rate_mbit": args.rate_mbit,
                 "host_rate_mbit": args.host_rate_mbit,
@@ -133,15 +137,26 @@ def plot(results, seeds, path: Path) -> None:
 
     from vllm_ext.ark.testbed import VARIANTS
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for v in VARIANTS:
-        axes[0].plot([results[(s, v)]["mean_fct_s"] for s in seeds], marker="o", label=v)
+        axes[0, 0].plot([results[(s, v)]["mean_fct_s"] for s in seeds], marker="o", label=v)
+        fcts = sorted(x for s in seeds for x in results[(s, v)]["fcts_s"] if math.isfinite(x))
+        axes[0, 1].plot(fcts, [(i + 1) / len(fcts) for i in range(len(fcts))], label=v)
         spines = results[(seeds[0], v)]["spine_mb_to_decode"]
-        axes[1].bar([i + 0.2 * VARIANTS.index(v) for i in range(len(spines))], spines, 0.2,
-                    label=v)  # fmt: skip
-    axes[0].set(xlabel="round", ylabel="mean FCT (s)", title="mean FCT per round")
-    axes[1].set(xlabel="spine", ylabel="MB to the decode leaf", title="per-spine bytes, round 0")
-    axes[0].legend()
+        axes[1, 0].bar([i + 0.2 * VARIANTS.index(v) for i in range(len(spines))], spines, 0.2,
+                       label=v)  # fmt: skip
+    for v, ls in (("random", "--"), ("ark", "-")):
+        samples = results[(seeds[0], v)]["spine_mb_over_time"]
+        for spine in range(len(samples[0][1]) if samples else 0):
+            axes[1, 1].plot([t for t, _ in samples], [mb[spine] for _, mb in samples], ls=ls,
+                            label=f"{v} spine {spine}")  # fmt: skip
+    axes[0, 0].set(xlabel="round", ylabel="mean FCT (s)", title="mean FCT per round")
+    axes[0, 1].set(xlabel="FCT (s)", ylabel="fraction of transfers", title="FCT CDF, all rounds")
+    axes[1, 0].set(xlabel="spine", ylabel="MB to the decode leaf", title="per-spine bytes, round 0")
+    axes[1, 1].set(xlabel="time (s)", ylabel="MB to the decode leaf (cumulative)",
+                   title="per-spine bytes over time, round 0")  # fmt: skip
+    for ax in axes.flat:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -33,7 +33,7 @@ def test_goal_checks_the_headline_value_it_names() -> None:
 
 def test_every_system_has_a_quick_headline_in_make_bench() -> None:
     quick = select(quick=True)
-    assert {e.system for e in quick} == {"suite", "leap", "histate", "flide", "memx", "acct"}
+    assert {e.system for e in quick} == {"suite", "leap", "histate", "flide", "memx", "acct", "ark"}
     assert {e.name for e in quick if e.system == "histate"} == {"histate_sim", "histate_engine"}
     assert all(e.headline and e.quick is not None for e in quick)
     assert sum(e.minutes[0] for e in quick) <= 25  # "about 20 minutes on 2 cores"
@@ -85,7 +85,7 @@ def test_full_runs_quote_enough_rounds(entry: Entry) -> None:
     elif "acct" in entry.module:  # paired timing rounds
         assert re.search(r"--rounds ([3-9]|\d\d)", args), args
     else:
-        assert re.search(r"--repeats ([3-9]|\d\d)", args), args
+        assert re.search(r"--(repeats|rounds) ([3-9]|\d\d)", args), args
 
 
 def _result(out: Path, name: str, rounds: bool = True) -> None:

@@ -26,6 +26,7 @@ ADAPTERS = {
     "vllm_ext.acct.connector",
     "vllm_ext.ark.connector",
     "vllm_ext.ark.prom",
+    "vllm_ext.ark.nixl",
     "vllm_ext.common.prom",
     "vllm_ext.flide.api",
     "vllm_ext.flide.forward",

@@ -187,3 +187,21 @@ def test_acct_adds_its_connector_with_recompute_also_behind_multiconnector():
     user = '{"kv_connector": "X", "kv_load_failure_policy": "fail"}'
     with pytest.raises(LaunchError, match="kv_load_failure_policy"):
         compose("m", ["acct"], ["--kv-transfer-config", user], {})
+@pytest.mark.parametrize(
+    ("word", "role"), [("ark-prefill", "kv_producer"), ("ark-decode", "kv_consumer")]
+)
+def test_ark_words_set_the_ark_connector_and_its_role(word, role):
+    from vllm.config import KVTransferConfig
+
+    from vllm_ext.launcher import SYSTEMS as REAL
+
+    plan = compose("m", parse_plugin_list(word, REAL), ["--port", "8001"], {}, GENERAL, REAL)
+    kv = _kv(plan)
+    assert kv["kv_connector"] == "ArkConnector"
+    assert kv["kv_connector_module_path"] == "vllm_ext.ark.connector"
+    assert kv["kv_role"] == role
+    # vLLM accepts it as its own config, and it names the role ArkConnector checks
+    config = KVTransferConfig(**kv)
+    assert config.is_kv_producer == (role == "kv_producer")
+    assert config.is_kv_consumer == (role == "kv_consumer")
+    assert "VLLM_PLUGINS" not in plan.env

@@ -199,6 +199,10 @@ def run_variant(variant: str, cfg: SimConfig, seed: int, trace: PdTrace | None =
     return {
         **metrics(fct, ttft, trace),
         **spine_balance(flows, paths, sizes, layout),
+        "fcts_s": fct,
+        "spine_gbps_over_time": spine_rates(
+            flows, paths[:, 1] >= 0, sizes, starts, finish, layout.cfg.n_spines
+        ),
         **{f"planner_{k}": v for k, v in stats.items()},
     }
 
@@ -234,6 +238,19 @@ def spine_balance(flows, paths: np.ndarray, sizes: np.ndarray, layout: Layout) -
         "spine_bytes_gb": [float(b / 1e9) for b in per_spine],
         "uplink_max_over_mean": float(imbalance.mean()) if used.any() else 1.0,
     }
+
+
+def spine_rates(flows, crossing, sizes, starts, finish, n_spines: int, bins: int = 60) -> dict:
+    """Per spine, Gb/s carried per time bin, each flow's bytes spread evenly over its life."""
+    edges = np.linspace(float(starts.min()), float(finish.max()), bins + 1)
+    out = np.zeros((n_spines, bins))
+    for (_, _, spine), up, size, a, b in zip(flows, crossing, sizes, starts, finish, strict=True):
+        if not up:
+            continue
+        overlap = np.clip(np.minimum(edges[1:], b) - np.maximum(edges[:-1], a), 0, None)
+        out[spine] += size * overlap / max(b - a, 1e-12)
+    width = edges[1] - edges[0]
+    return {"t_s": edges[:-1].tolist(), "gbps": (out * 8 / 1e9 / width).tolist()}
 
 
 def run(cfg: SimConfig, seed: int, variants=VARIANTS) -> dict[str, dict]:

@@ -202,6 +202,10 @@ class Testbed:
         lock = threading.Lock()
         before = self.fabric.spine_tx_bytes()
         threads: list[threading.Thread] = []
+        samples: list[tuple[float, list[int]]] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=self._sample_spines, args=(samples, done), daemon=True)
+        sampler.start()
 
         def free_ports(src, pool: Sequence[int]) -> list[int]:
             return [p for p in pool if p not in busy[src]]
@@ -253,10 +257,20 @@ class Testbed:
                 threads.append(thread)
         for thread in threads:
             thread.join()
+        done.set()
+        sampler.join()
         after = self.fabric.spine_tx_bytes()
         counters = [a.counters for a in self.announcers]
         self._stop_announcers()
-        return summarize(flows, trace, before, after, counters)
+        return {**summarize(flows, trace, before, after, counters), "spine_mb_over_time": samples}
+
+    def _sample_spines(self, samples: list, done: threading.Event, every_s: float = 0.25) -> None:
+        # cumulative MB per spine towards the decode leaf, for the bytes-over-time plot
+        start, base = time.monotonic(), self.fabric.spine_tx_bytes()
+        while not done.wait(every_s):
+            now = self.fabric.spine_tx_bytes()
+            mb = [round((n[1] - b[1]) / 1e6, 3) for n, b in zip(now, base, strict=True)]
+            samples.append((round(time.monotonic() - start, 2), mb))
 
 
 def _announcer_in(ns: str, peer_id: str, ip_addr: str, addresses: dict) -> Announcer:
@@ -286,6 +300,7 @@ def summarize(flows: list[Flow], trace: PdTrace, before, after, counters) -> dic
         "failed": int((~ok).sum()),
         "errors": sorted({f.error for f in flows if f.error})[:3],
         "spine_mb_to_decode": [round(b / 1e6, 3) for b in to_receivers],
+        "fcts_s": [round(float(x), 4) for x in fct],
         "kv_mb": round(sum(f.nbytes for f in flows) / 1e6, 3),
         **{f"ark_{k}": v for k, v in totals.items()},
     }

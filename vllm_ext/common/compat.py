@@ -419,6 +419,15 @@ SEAMS: tuple[Seam, ...] = (
          "offer the block-aligned prompt prefix minus the last token"),
     Seam("acct", "vllm.v1.kv_cache_interface", "KVCacheConfig.kv_cache_groups", "instance",
          "ACCT imports into one KV-cache group only"),
+    # ---- ARK: NIXL wrapper (vllm_ext/ark/nixl.py)
+    Seam("ark", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector",
+         "NixlPullConnector.__init__", "signature",
+         "ArkNixlConnector extends vLLM's NIXL pull connector",
+         ("vllm_config", "role", "kv_cache_config")),
+    Seam("ark", "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker",
+         "NixlBaseConnectorWorker._nixl_handshake", "signature",
+         "wrapped per worker instance: ARK's ports reach the shim before UCX connects",
+         ("host", "port", "remote_tp_size", "expected_engine_id")),
     # ---- registered patches (patches/README.md)
     Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
          "patches/vllm_cpu_cli_version.py replaces the module's importlib"),
