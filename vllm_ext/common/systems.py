@@ -33,6 +33,7 @@ SYSTEM_CONFIGS: dict[str, str] = {
     "flide": "vllm_ext.flide.config:FlideConfig",
     "ark": "vllm_ext.ark.config:ArkConfig",
     "acct": "vllm_ext.acct.config:AcctConfig",
+    "etaps": "vllm_ext.etaps.config:EtapsConfig",
 }
 
 # our variables that belong to no system's config

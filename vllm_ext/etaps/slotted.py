@@ -1,0 +1,62 @@
+"""A linear whose weight is ``mask ⊙ w + Δ(slots)``, accumulating ``Σ|dL/dweight|``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vllm_ext.etaps.slots import dense_delta
+
+
+class SlottedLinear(torch.nn.Module):
+    """Replaces an ``nn.Linear`` while pruning; the base weight is frozen.
+
+    ``grad_sum`` accumulates the absolute gradient of the loss with respect to the
+    effective weight on every backward pass while ``tracking`` is on (the
+    calibration passes and the training steps of a stage).
+    """
+
+    def __init__(self, linear: torch.nn.Linear, n_slots: int) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float().clone()
+        self.register_buffer("weight", weight)
+        self.bias = linear.bias
+        self.register_buffer("keep", torch.ones_like(weight, dtype=torch.bool))
+        self.register_buffer("grad_sum", torch.zeros_like(weight))
+        self.register_buffer("slots", torch.arange(n_slots, dtype=torch.long))
+        self.delta = torch.nn.Parameter(torch.zeros(n_slots))
+        self.n_slots = n_slots
+        self.tracking = False
+
+    def effective_weight(self) -> torch.Tensor:
+        return self.weight + dense_delta(self.slots, self.delta, self.weight.shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.effective_weight()
+        if self.tracking and torch.is_grad_enabled():
+            if not w.requires_grad:
+                w = w.detach().requires_grad_(True)
+            w.register_hook(self._accumulate)
+        return F.linear(x.to(w.dtype), w, self.bias)
+
+    def _accumulate(self, grad: torch.Tensor) -> None:
+        self.grad_sum.add_(grad.detach().abs())
+
+    @torch.no_grad()
+    def apply_mask(self, keep: torch.Tensor) -> None:
+        self.keep.copy_(keep)
+        self.weight.mul_(keep)
+
+    @torch.no_grad()
+    def patched_weight(self) -> torch.Tensor:
+        """The weight to export: ``(w + Δ) ⊙ mask`` (slots sit on kept weights only)."""
+        return self.effective_weight() * self.keep
+
+    def state_bytes(self) -> int:
+        """Memory ETAPS keeps beyond the model: mask, Σ|g|, slots, increments (+ Adam: 2×)."""
+        return (
+            self.keep.numel()
+            + self.grad_sum.numel() * self.grad_sum.element_size()
+            + self.slots.numel() * 8
+            + self.delta.numel() * 4 * 3
+        )
