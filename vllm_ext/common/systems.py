@@ -33,6 +33,7 @@ SYSTEM_CONFIGS: dict[str, str] = {
     "flide": "vllm_ext.flide.config:FlideConfig",
     "ark": "vllm_ext.ark.config:ArkConfig",
     "acct": "vllm_ext.acct.config:AcctConfig",
+    "tvq": "vllm_ext.tvq.config:TvqConfig",
 }
 
 # our variables that belong to no system's config

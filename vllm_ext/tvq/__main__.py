@@ -1,0 +1,3 @@
+from vllm_ext.tvq.cli import main
+
+raise SystemExit(main())
