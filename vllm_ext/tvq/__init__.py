@@ -1,1 +1,1 @@
-"""TVQ: trainable vector quantization (codes, codebooks, per-row scales) served by a ``tvq`` method."""
+"""TVQ: trainable vector quantization (codes, codebooks, row scales), served as ``tvq``."""

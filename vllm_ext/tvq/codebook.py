@@ -71,7 +71,7 @@ def kmeans(
 
 
 def dequantize(codes: torch.Tensor, codebook: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``W = codebook[codes] * scale``: codes ``[rows, G]``, codebook ``[K, D]``, scale ``[rows, 1]``."""
+    """``W = codebook[codes] * scale``: codes [rows, G], codebook [K, D], scale [rows, 1]."""
     rows, groups = codes.shape
     w = codebook[codes.long()].reshape(rows, groups * codebook.shape[1])
     return w * scale

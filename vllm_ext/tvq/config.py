@@ -33,7 +33,9 @@ class TvqConfig:
 
     def __post_init__(self) -> None:
         if self.max_kernel_tokens < 0:
-            raise ConfigError(f"TvqConfig.max_kernel_tokens must be >= 0, got {self.max_kernel_tokens}")
+            raise ConfigError(
+                f"TvqConfig.max_kernel_tokens must be >= 0, got {self.max_kernel_tokens}"
+            )
         if self.vec_dim < 1 or self.num_codewords < 2 or self.num_codewords > 65536:
             raise ConfigError(
                 "TvqConfig needs vec_dim >= 1 and 2 <= num_codewords <= 65536, got "

@@ -1,4 +1,4 @@
-"""Token chunks from ShareGPT: conversations 0–3k train, 12k on held out (as in the reference report)."""
+"""ShareGPT token chunks: conversations 0–3k train, 12k on held out (as in the report)."""
 
 from __future__ import annotations
 

@@ -22,10 +22,17 @@ def code_dtype(num_codewords: int) -> torch.dtype:
 
 
 class VQLinear(nn.Module):
-    """``nn.Linear`` replacement with latent ``weight``, ``codebook [K, D]``, ``scale [rows, 1]``."""
+    """``nn.Linear`` with latent ``weight``, ``codebook [K, D]`` and ``scale [rows, 1]``."""
 
-    def __init__(self, linear: nn.Linear, vec_dim: int, num_codewords: int,
-                 importance: torch.Tensor | None = None, kmeans_iters: int = 8, seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        linear: nn.Linear,
+        vec_dim: int,
+        num_codewords: int,
+        importance: torch.Tensor | None = None,
+        kmeans_iters: int = 8,
+        seed: int = 0,
+    ):
         super().__init__()
         w = linear.weight.detach().float()
         self.vec_dim = vec_dim

@@ -45,9 +45,11 @@ def activation_energy(model, chunks: torch.Tensor) -> dict[str, torch.Tensor]:
     hooks = []
     for name, module in model.named_modules():
         if name.endswith(("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")):
+
             def hook(_m, args, name=name):
                 x = args[0].reshape(-1, args[0].shape[-1]).float()
                 energy[name] = energy.get(name, 0) + x.pow(2).sum(0)
+
             hooks.append(module.register_forward_pre_hook(hook))
     for chunk in chunks:
         model(chunk[None])
@@ -83,8 +85,10 @@ def distill_loss(student, teacher, batch: torch.Tensor, block_weight: float) -> 
     s = student(batch, output_hidden_states=True)
     kl = F.kl_div(F.log_softmax(s.logits.float(), -1), F.log_softmax(t.logits.float(), -1),
                   log_target=True, reduction="batchmean") / batch.shape[1]  # fmt: skip
-    blocks = sum(F.mse_loss(hs, ht) / ht.var().clamp_min(1e-6)
-                 for hs, ht in zip(s.hidden_states[1:], t.hidden_states[1:]))  # fmt: skip
+    blocks = sum(
+        F.mse_loss(hs, ht) / ht.var().clamp_min(1e-6)
+        for hs, ht in zip(s.hidden_states[1:], t.hidden_states[1:], strict=False)
+    )
     return kl + block_weight * blocks / len(t.hidden_states[1:])
 
 

@@ -36,8 +36,13 @@ def load() -> bool:
         digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
         build_dir = CACHE / f"tvq_gemv-{digest}"
         build_dir.mkdir(parents=True, exist_ok=True)
-        cpp_load(name="vllm_ext_tvq_gemv", sources=[str(SOURCE)], build_directory=str(build_dir),
-                 extra_cflags=["-O3", "-march=native"], is_python_module=False, verbose=False)  # fmt: skip
+        cpp_load(
+            name="vllm_ext_tvq_gemv",
+            sources=[str(SOURCE)],
+            build_directory=str(build_dir),
+            extra_cflags=["-O3", "-march=native"],
+            is_python_module=False,
+        )
     except Exception as exc:  # any build failure falls back to the reference
         logger.warning("TVQ kernel unavailable, using the torch reference: %s", exc)
         return False
