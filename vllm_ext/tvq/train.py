@@ -75,7 +75,9 @@ def init_student(teacher, settings: TrainSettings, calib: torch.Tensor | None):
     n = sum(1 for n_, _ in teacher.named_modules() if n_.endswith(("gate_proj", "up_proj",
                                                                     "down_proj")))  # fmt: skip
     with tqdm(total=n, desc="tvq k-means init") as bar:
-        quantize_mlps(student, settings.vec_dim, settings.num_codewords, importance, bar)
+        quantize_mlps(
+            student, settings.vec_dim, settings.num_codewords, importance=importance, progress=bar
+        )
     return student
 
 
