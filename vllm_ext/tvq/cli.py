@@ -79,7 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     student = train.init_student(teacher, settings, calib)
     if args.cmd == "train":
         chunks = data.token_chunks(tok, 256, settings.seq_len, held_out=False)
-        train.train(teacher, student, chunks, settings, args.out)
+        held_out = data.token_chunks(tok, 4, 512, held_out=True)
+        summary = {"ppl_init": train.perplexity(student, held_out)}
+        curve = train.train(teacher, student, chunks, settings, args.out)
+        summary.update(ppl_trained=train.perplexity(student, held_out), steps=settings.steps,
+                       tokens=curve[-1]["tokens"] if curve else 0)  # fmt: skip
+        (args.out / "summary.json").write_text(json.dumps(summary) + "\n")
+        print(json.dumps(summary))
     else:
         student.load_state_dict(state["student"])
     fmt = QuantFormat(settings.vec_dim, settings.num_codewords)

@@ -41,6 +41,7 @@ def kmeans(
     iters: int = 8,
     weights: torch.Tensor | None = None,
     seed: int = 0,
+    sample: int | None = 32768,
 ) -> torch.Tensor:
     """Codebook ``[K, D]`` fitted to ``groups [N, D]`` by (importance-weighted) Lloyd k-means.
 
@@ -48,8 +49,13 @@ def kmeans(
     columns) weighs the centroid update, as in GPTQ/AQLM-style Hessian-aware init.
     """
     g = groups.float()
-    n = g.shape[0]
     gen = torch.Generator().manual_seed(seed)
+    if sample is not None and g.shape[0] > sample:
+        # Lloyd steps on a random subset: the codebook of 221k groups barely changes, 7x cheaper
+        pick = torch.randperm(g.shape[0], generator=gen)[:sample]
+        g = g[pick]
+        weights = None if weights is None else weights[pick]
+    n = g.shape[0]
     if n >= num_codewords:
         init = torch.randperm(n, generator=gen)[:num_codewords]
         cb = g[init].clone()
