@@ -98,3 +98,17 @@ def test_kernel_rejects_bad_shapes():
     with pytest.raises(RuntimeError, match="columns"):
         tvq_gemv(torch.randn(1, 11), codes, torch.randn(1, 8, 4), torch.ones(4, 1),
                  torch.tensor([0, 4]))  # fmt: skip
+
+
+@pytest.mark.skipif(not kernel_available(), reason="no C++ compiler for the TVQ kernel")
+def test_kernel_opcheck():
+    codes = torch.randint(0, 16, (6, 3), dtype=torch.uint8)
+    args = (
+        torch.randn(2, 12),
+        codes,
+        torch.randn(2, 16, 4),
+        torch.rand(6, 1),
+        torch.tensor([0, 2, 6]),
+    )
+    torch.library.opcheck(torch.ops.vllm_ext_tvq.tvq_gemv.default, args,
+                          test_utils=["test_schema", "test_faketensor"])  # fmt: skip
