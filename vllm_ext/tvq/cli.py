@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         chunks = data.token_chunks(tok, 256, settings.seq_len, held_out=False)
         held_out = data.token_chunks(tok, 4, 512, held_out=True)
         summary = {"ppl_init": train.perplexity(student, held_out)}
+        print(json.dumps(summary), flush=True)
         curve = train.train(teacher, student, chunks, settings, args.out)
         summary.update(ppl_trained=train.perplexity(student, held_out), steps=settings.steps,
                        tokens=curve[-1]["tokens"] if curve else 0)  # fmt: skip
