@@ -33,7 +33,8 @@ if str(REPO) not in sys.path:
 
 RESULTS = REPO / "benchmarks" / "results"
 # docs/compat.md is written by `make compat`, not here
-FILES = ("README.md", "docs/leap.md", "docs/histate.md", "docs/flide.md", "docs/memx.md")
+FILES = ("README.md", "docs/leap.md", "docs/histate.md", "docs/flide.md", "docs/memx.md",
+         "docs/tvq.md")
 BLOCK = re.compile(
     r"(<!-- gen:(?P<kind>[a-z]+)(?: (?P<arg>[a-z_]+))? -->\n)(?P<body>.*?)"
     r"(<!-- /gen:(?P=kind) -->)",
@@ -48,6 +49,7 @@ CONFIG_CLASSES = {
     "leap": "vllm_ext.leap.config:LeapConfig",
     "histate": "vllm_ext.histate.config:HiStateConfig",
     "flide": "vllm_ext.flide.config:FlideConfig",
+    "tvq": "vllm_ext.tvq.config:TvqConfig",
 }
 # counters published through the KV connector get vLLM's per-engine labels
 CONNECTOR_LABELS = "`model_name`, `engine`"

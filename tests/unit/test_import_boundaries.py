@@ -39,6 +39,7 @@ ADAPTERS = {
     "vllm_ext.leap.loader",
     "vllm_ext.leap.request_queue",
     "vllm_ext.leap.scheduler",
+    "vllm_ext.tvq.linear_method",
 }
 
 

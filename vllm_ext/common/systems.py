@@ -34,6 +34,7 @@ SYSTEM_CONFIGS: dict[str, str] = {
     "ark": "vllm_ext.ark.config:ArkConfig",
     "acct": "vllm_ext.acct.config:AcctConfig",
     "etaps": "vllm_ext.etaps.config:EtapsConfig",
+    "tvq": "vllm_ext.tvq.config:TvqConfig",
 }
 
 # our variables that belong to no system's config

@@ -1,0 +1,1 @@
+"""TVQ: trainable vector quantization (codes, codebooks, row scales), served as ``tvq``."""

@@ -1,0 +1,131 @@
+"""vLLM's ``tvq`` quantization method: a ``QuantizationConfig`` and its ``LinearMethodBase``.
+
+Per quantized linear the checkpoint holds ``codes [rows, in/D]`` (uint8 or
+int32), ``codebook [K, D]`` and ``scale [rows, 1]``. Methods outside
+``WEIGHT_LOADER_V2_SUPPORTED`` get vLLM's legacy loaders, which narrow every
+parameter with an ``output_dim`` by shard, so codes and scales of a fused
+``gate_up_proj`` load with no code here; the codebook has no row dimension and
+is stored ``[n_shards, K, D]`` by its own ``weight_loader``. Decode-size
+batches run the compiled lookup-GEMV; larger ones dequantize and matmul.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.utils import set_weight_attrs
+
+from vllm_ext.kernels.tvq_gemv import dequantize_shards, kernel_available, tvq_gemv
+from vllm_ext.tvq.config import TvqConfig
+from vllm_ext.tvq.format import METHOD, QuantFormat
+
+
+@register_quantization_config(METHOD)
+class TvqQuantizationConfig(QuantizationConfig):
+    """``quantization_config: {"quant_method": "tvq", "vec_dim", "num_codewords", "modules"}``."""
+
+    def __init__(self, fmt: QuantFormat, runtime: TvqConfig | None = None) -> None:
+        super().__init__()
+        self.fmt = fmt
+        self.runtime = runtime or TvqConfig()
+
+    def get_name(self) -> str:
+        return METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TvqQuantizationConfig:
+        from vllm_ext.tvq.config import tvq_config
+
+        return cls(QuantFormat.from_dict(config), tvq_config())
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, LinearBase):
+            if self.fmt.quantizes(prefix):
+                return TvqLinearMethod(self)
+            return UnquantizedLinearMethod()
+        return None
+
+
+def _codebook_loader(param: torch.nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+    index = 0 if shard_id is None else int(shard_id)
+    if tuple(param.data[index].shape) != tuple(loaded.shape):
+        raise ValueError(
+            f"tvq codebook of shape {tuple(loaded.shape)} does not fit the layer's "
+            f"{tuple(param.data[index].shape)} (vec_dim/num_codewords of quantization_config)"
+        )
+    param.data[index].copy_(loaded)
+
+
+class TvqLinearMethod(LinearMethodBase):
+    """Lookup-GEMV linear over codes, per-shard codebooks and per-row scales."""
+
+    def __init__(self, quant_config: TvqQuantizationConfig) -> None:
+        self.fmt = quant_config.fmt
+        self.max_kernel_tokens = quant_config.runtime.max_kernel_tokens
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
+                       input_size, output_size, params_dtype, **extra_weight_attrs):  # fmt: skip
+        dim, k = self.fmt.vec_dim, self.fmt.num_codewords
+        if input_size_per_partition % dim:
+            raise ValueError(f"tvq: input size {input_size_per_partition} is not a multiple "
+                             f"of vec_dim {dim}")  # fmt: skip
+        rows = sum(output_partition_sizes)
+        codes = torch.nn.Parameter(
+            torch.zeros(rows, input_size_per_partition // dim, dtype=self.fmt.code_dtype),
+            requires_grad=False,
+        )
+        set_weight_attrs(codes, {"input_dim": 1, "output_dim": 0, **extra_weight_attrs})
+        scale = torch.nn.Parameter(torch.zeros(rows, 1, dtype=params_dtype), requires_grad=False)
+        set_weight_attrs(scale, {"output_dim": 0, **extra_weight_attrs})
+        codebook = torch.nn.Parameter(
+            torch.zeros(len(output_partition_sizes), k, dim, dtype=params_dtype),
+            requires_grad=False,
+        )
+        set_weight_attrs(codebook, {**extra_weight_attrs, "weight_loader": _codebook_loader})
+        layer.register_parameter("codes", codes)
+        layer.register_parameter("scale", scale)
+        layer.register_parameter("codebook", codebook)
+        bounds = [0]
+        for size in output_partition_sizes:
+            bounds.append(bounds[-1] + size)
+        layer.register_buffer("shard_rows", torch.tensor(bounds, dtype=torch.long),
+                              persistent=False)  # fmt: skip
+
+    def process_weights_after_loading(self, layer) -> None:
+        # the kernel reads fp32 codebooks and scales; keep them so once, not per call
+        layer.codebook_f32 = layer.codebook.detach().float().contiguous()
+        layer.scale_f32 = layer.scale.detach().float().contiguous()
+        layer.use_kernel = self.max_kernel_tokens > 0 and kernel_available()
+
+    def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if layer.use_kernel and x2.shape[0] <= self.max_kernel_tokens:
+            y = tvq_gemv(x2, layer.codes, layer.codebook_f32, layer.scale_f32, layer.shard_rows)
+            if bias is not None:
+                y = y + bias
+        else:
+            w = dequantize_shards(layer.codes, layer.codebook_f32, layer.scale_f32,
+                                  layer.shard_rows).to(x.dtype)  # fmt: skip
+            y = F.linear(x2, w, bias)
+        return y.reshape(*shape[:-1], y.shape[-1])
