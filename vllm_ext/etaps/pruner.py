@@ -62,7 +62,7 @@ def install_slots(model: torch.nn.Module, slot_fraction: float) -> dict[str, Slo
         parent = model.get_submodule(parent_name)
         n_slots = max(1, int(linear.weight.numel() * slot_fraction))
         swapped[name] = SlottedLinear(linear, n_slots)
-        setattr(parent, child, swapped[name])
+        parent.register_module(child, swapped[name])  # replaces the nn.Linear child
     return swapped
 
 

@@ -54,7 +54,7 @@ def snap_key(block_hash: str) -> str:
     return "snap:" + block_hash
 
 
-class Kind(str, Enum):
+class Kind(str, Enum):  # noqa: UP042 (StrEnum would change str(kind), which logs and keys use)
     """What an item holds."""
 
     KV = "kv"

@@ -85,7 +85,7 @@ def quantize_mlps(model: nn.Module, vec_dim: int, num_codewords: int, kmeans_ite
                 full = f"{name}.{attr}"
                 imp = None if importance is None else importance.get(full)
                 vq = VQLinear(child, vec_dim, num_codewords, imp, kmeans_iters)
-                setattr(module, attr, vq)
+                module.register_module(attr, vq)  # replaces the nn.Linear child
                 out[full] = vq
                 if progress is not None:
                     progress.update(1)
