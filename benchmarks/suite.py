@@ -167,12 +167,12 @@ SUITE: tuple[Entry, ...] = (
         system="flide",
         name="flide",
         module="benchmarks.flide",
-        # the headline point only: the grid (--questions 4,16,64,256 --contexts 512,1024,4096)
-        # did not finish on the shared 2-core machine at load ~40 before the deadline
-        full=_args("--quick --repeats 3"),
+        # the cited run: 4 points (the whole grid, --questions 4,16,64,256 --contexts
+        # 512,1024,4096, is not yet measured); promote refuses --quick runs
+        full=_args("--questions 16,64 --contexts 512,1024 --repeats 3"),
         quick=_args("--quick --repeats 1"),
         goal=Goal(">=", 9.5),
-        minutes=(1, 15),
+        minutes=(1, 2),
         note="the whole grid: --questions 4,16,64,256 --contexts 512,1024,4096",
     ),
     Entry(
