@@ -41,7 +41,11 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "leap.log"
     # no aging within the test: on a loaded machine a slow long request must not turn into
     # an aged one that goes first (max_wait_s is LEAP's bound against starvation)
-    leap = {"leap": {"weights_path": str(leap_weights_path()), "max_wait_s": 3600.0}}
+    # and one LEAP preemption per short request: on a slow machine the three short requests
+    # reach the engine one at a time, the long one resumes between them, and each arrival
+    # preempts it again (with the default bound of 2 the third short one waited for the long)
+    leap = {"weights_path": str(leap_weights_path()), "max_wait_s": 3600.0}
+    leap = {"leap": {**leap, "experimental": {"max_preemptions": 3}}}
     args = [*_one_slot(SERVE_ARGS), "--served-model-name", "smollm2", "--plugins", "leap",
             "--additional-config", json.dumps(leap)]  # fmt: skip
     with VllmServer(
