@@ -8,7 +8,14 @@ counting in whatever block size the engine chose.
 
 from __future__ import annotations
 
-from tests.engine.test_histate_engine import MODEL, _run, _tokens, histate_kwargs, scheduler_of
+from tests.engine.test_histate_engine import (
+    IDLE,
+    MODEL,
+    _run,
+    _tokens,
+    histate_kwargs,
+    scheduler_of,
+)
 from tests.helpers import engine
 
 
@@ -28,6 +35,6 @@ def test_float32_state_layout_restores_the_cold_tokens():
         assert conn.counters.value("hit_tokens") - before == 2 * block
         assert conn.counters.value("snapshots_loaded_host") > 0
         conn.runtime.drain()
-        assert conn.idle_state() == {"requests": 0, "plans": 0, "loads": 0, "inflight": 0}
+        assert conn.idle_state() == IDLE
         conn.shutdown()
     del llm

@@ -8,12 +8,12 @@ the concatenation of that block's page in each attention layer, and a
 recurrent-state snapshot is the concatenation of the block's page in each
 GDN layer (conv + SSM state, without the padding past the state).
 
-Payloads are plain bytes, so the tiers and the SSD files never see a tensor.
-Copies never call ``.numpy()`` on a device tensor: a page is staged through a
-host buffer (pinned when the cache is on CUDA) and, on CUDA, copied on a side
-stream ordered against the compute stream with events, so a store waits for
-the forward that wrote the page and a load is complete before the next kernel
-reads it.
+The worker's host tier keeps the uint8 host tensors :meth:`PageCopier.read_host`
+returns (bytes only for SSD files). Copies never call ``.numpy()`` on a device
+tensor: a page is staged through a host buffer (pinned when the cache is on
+CUDA) and, on CUDA, copied on a side stream ordered against the compute stream
+with events, so a store waits for the forward that wrote the page and a load
+is complete before the next kernel reads it.
 """
 
 from __future__ import annotations
@@ -73,8 +73,12 @@ class PageCopier:
         """Payload bytes of one block of ``group_id`` (all its layers)."""
         return sum(t[0].numel() * t.element_size() for t in self._tensors[group_id])
 
-    def read(self, group_id: int, block_id: int) -> bytes:
-        """The block's pages of every layer of ``group_id``, concatenated."""
+    def read_host(self, group_id: int, block_id: int) -> torch.Tensor:
+        """The block's pages of every layer of ``group_id``, in one host uint8 tensor.
+
+        Pinned when the cache is on CUDA; complete when this returns (the side
+        stream is synchronized), so the caller may keep it as the host tier's copy.
+        """
         self._check(block_id)
         host = torch.empty(self.page_bytes(group_id), dtype=torch.uint8, pin_memory=self._cuda)
         with self._side_stream(wait_for_compute=True):
@@ -83,28 +87,39 @@ class PageCopier:
                 page = t[block_id].contiguous().view(torch.uint8).reshape(-1)
                 host[offset : offset + page.numel()].copy_(page, non_blocking=self._cuda)
                 offset += page.numel()
-        # ``host`` is a CPU tensor: its bytes are complete once the side stream is synced
-        return host.numpy().tobytes()
+        return host
 
-    def write(self, group_id: int, block_id: int, payload: bytes) -> None:
-        """Inverse of :meth:`read`: fill the block's pages from ``payload``."""
+    def write_host(self, group_id: int, block_id: int, host: torch.Tensor) -> None:
+        """Inverse of :meth:`read_host`: fill the block's pages from a host uint8 tensor."""
         self._check(block_id)
         expected = self.page_bytes(group_id)
-        if len(payload) != expected:
+        if host.dtype != torch.uint8 or host.device.type != "cpu" or host.numel() != expected:
             raise PageError(
-                f"payload of {len(payload)} bytes for group {group_id}, expected {expected}"
+                f"payload of {host.numel()} {host.dtype} on {host.device} for group {group_id}, "
+                f"expected {expected} host bytes"
             )
-        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        if self._cuda:
-            flat = flat.pin_memory()
         with self._side_stream(wait_for_compute=False):
             offset = 0
             for t in self._tensors[group_id]:
                 page = t[block_id]
                 n = page.numel() * page.element_size()
-                src = flat[offset : offset + n].to(self.device, non_blocking=self._cuda)
+                src = host[offset : offset + n].to(self.device, non_blocking=self._cuda)
                 page.copy_(src.view(page.dtype).view(page.shape))
                 offset += n
+
+    def read(self, group_id: int, block_id: int) -> bytes:
+        """:meth:`read_host` as bytes (the SSD tier's file payload)."""
+        # a CPU tensor: .numpy() never touches a device tensor here
+        return self.read_host(group_id, block_id).numpy().tobytes()
+
+    def write(self, group_id: int, block_id: int, payload: bytes) -> None:
+        """Inverse of :meth:`read`."""
+        self.write_host(group_id, block_id, self.to_host(payload))
+
+    def to_host(self, payload: bytes) -> torch.Tensor:
+        """``payload`` (e.g. read from the SSD) as a host uint8 tensor, pinned on CUDA."""
+        flat = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        return flat.pin_memory() if self._cuda else flat
 
     @contextlib.contextmanager
     def _side_stream(self, *, wait_for_compute: bool):
