@@ -103,7 +103,9 @@ class WorkerStore:
         for op, key, stage_id in ops:
             if op == DROP:
                 self._host.pop(key, None)
-                self._submit(lambda k=key: self.ssd.delete(k) if self.ssd else None)
+                if self.ssd is not None and key.startswith(_SNAPSHOT_PREFIX):
+                    # only snapshots have files; after a queued spill, in order
+                    self._submit(lambda k=key: self.ssd.delete(k))
             elif op == SPILL:
                 self._spill(key)
             elif op == STAGE:
@@ -227,7 +229,8 @@ class WorkerStore:
 
     def _submit(self, work: Callable[[], None]) -> None:
         if self._closed:
-            raise RuntimeError("HiState: the worker's store is closed")
+            work()  # a step after close (engine teardown): still done, and reported
+            return
         self._io.put(work)
 
     def _run(self) -> None:
