@@ -20,8 +20,8 @@ from vllm_ext.histate.snapfile import SnapshotStore
 from vllm_ext.histate.worker_store import DROP, SPILL, STAGE, UNSTAGE, LoadJob, WorkerStore
 
 
-def _store(seed: int, tmp_path, ssd: bool = True):
-    caches, groups, num_blocks = random_caches(seed, "cpu")
+def _store(seed: int, tmp_path, ssd: bool = True, device: str = "cpu"):
+    caches, groups, num_blocks = random_caches(seed, device)
     pages = PageCopier(caches, groups, num_blocks)
     files = SnapshotStore(tmp_path / f"ssd{seed}", "ns", fsync=False) if ssd else None
     return WorkerStore(pages, files, attn_group=0, mamba_group=1), caches, groups, num_blocks
@@ -31,13 +31,18 @@ def _pages(caches, names, block: int) -> list[torch.Tensor]:
     out = []
     for name in names:
         value = caches[name]
-        out += [t[block].clone() for t in (value if isinstance(value, list) else [value])]
+        out += [t[block].clone().cpu() for t in (value if isinstance(value, list) else [value])]
     return out
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_store_spill_stage_load_restores_the_pages(tmp_path, seed):
-    store, caches, groups, n = _store(seed, tmp_path)
+    round_trip(tmp_path, seed, "cpu")
+
+
+def round_trip(tmp_path, seed: int, device: str) -> None:
+    """Store a KV block and a state, spill and stage the state, scribble, load: identical."""
+    store, caches, groups, n = _store(seed, tmp_path, device=device)
     kv, snap = kv_key(f"k{seed}"), snap_key(f"s{seed}")
     kv_before, state_before = _pages(caches, groups[0], 1), _pages(caches, groups[1], 1)
     store.store([(kv, 0, 1), (snap, 1, 1)])
