@@ -7,7 +7,8 @@ Every ``HiStateMetadata`` the scheduler half built and every ``HiStateWorkerMeta
 worker half built is walked field by field: only strings, numbers, booleans and None in
 lists, tuples, dicts and dataclasses may appear (no bytes, bytearray, memoryview, array or
 tensor), and each pickles to under 16 KiB, far below one page (268 KiB for a state,
-384 KiB for a KV block), the least a store or load with its payload inside would take. The restored prefix decodes the cold tokens.
+384 KiB for a KV block), the least a store or load with its payload inside would take.
+The restored prefix decodes the cold tokens.
 """
 
 from __future__ import annotations
