@@ -34,14 +34,16 @@ class _Lines(logging.Handler):
 def test_float32_state_layout_restores_the_cold_tokens():
     kwargs = {**histate_kwargs(host_bytes=64 << 20), "mamba_ssm_cache_dtype": "float32"}
     logger = logging.getLogger("vllm.vllm_ext.histate.connector")
-    lines = _Lines()
+    lines, level = _Lines(), logger.level
     logger.addHandler(lines)
+    logger.setLevel(logging.INFO)  # vLLM's default level; the test run may raise it
     try:
         with engine(MODEL, **kwargs) as llm:
             _check_float32_layout(llm)
         del llm
     finally:
         logger.removeHandler(lines)
+        logger.setLevel(level)
     (started,) = [line for line in lines.lines if line.startswith("HiState: block size")]
     assert "block size 640 tokens" in started and "float32" in started
     assert "tiers: host 64 MiB, SSD off" in started
