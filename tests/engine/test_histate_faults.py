@@ -194,7 +194,7 @@ def test_store_failures_are_counted_and_serving_continues(restarted, monkeypatch
     out = _run(llm, _tokens(900, 1000))
     assert len(out.outputs[0].token_ids) == 8
     conn.runtime.drain()
-    monkeypatch.setattr(worker.store.pages, "read_host", disk_full)
+    monkeypatch.setattr(worker.store.pages, "read_many", disk_full)
     out = _run(llm, _tokens(901, 1000))
     assert len(out.outputs[0].token_ids) == 8
     conn.runtime.drain()

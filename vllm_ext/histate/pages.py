@@ -13,7 +13,9 @@ returns (bytes only for SSD files). Copies never call ``.numpy()`` on a device
 tensor: a page is staged through a host buffer (pinned when the cache is on
 CUDA) and, on CUDA, copied on a side stream ordered against the compute stream
 with events, so a store waits for the forward that wrote the page and a load
-is complete before the next kernel reads it.
+is complete before the next kernel reads it. A step's stores are one batch
+(:meth:`PageCopier.read_many`) and its loads another
+(:meth:`PageCopier.write_many`): one synchronization each, not one per block.
 """
 
 from __future__ import annotations
@@ -74,38 +76,58 @@ class PageCopier:
         return sum(t[0].numel() * t.element_size() for t in self._tensors[group_id])
 
     def read_host(self, group_id: int, block_id: int) -> torch.Tensor:
-        """The block's pages of every layer of ``group_id``, in one host uint8 tensor.
+        """The block's pages of every layer of ``group_id``, in one host uint8 tensor."""
+        return self.read_many([(group_id, block_id)])[0]
 
-        Pinned when the cache is on CUDA; complete when this returns (the side
-        stream is synchronized), so the caller may keep it as the host tier's copy.
+    def read_many(self, blocks: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+        """:meth:`read_host` of each ``(group id, block id)``, in one batch.
+
+        Pinned when the cache is on CUDA; complete when this returns (one
+        synchronization for the batch), so the caller may keep them as the
+        host tier's copies.
         """
-        self._check(block_id)
-        host = torch.empty(self.page_bytes(group_id), dtype=torch.uint8, pin_memory=self._cuda)
+        for _, block_id in blocks:
+            self._check(block_id)
+        hosts = [
+            torch.empty(self.page_bytes(g), dtype=torch.uint8, pin_memory=self._cuda)
+            for g, _ in blocks
+        ]
         with self._side_stream(wait_for_compute=True):
-            offset = 0
-            for t in self._tensors[group_id]:
-                page = t[block_id].contiguous().view(torch.uint8).reshape(-1)
-                host[offset : offset + page.numel()].copy_(page, non_blocking=self._cuda)
-                offset += page.numel()
-        return host
+            for (group_id, block_id), host in zip(blocks, hosts, strict=True):
+                offset = 0
+                for t in self._tensors[group_id]:
+                    page = t[block_id].contiguous().view(torch.uint8).reshape(-1)
+                    host[offset : offset + page.numel()].copy_(page, non_blocking=self._cuda)
+                    offset += page.numel()
+        return hosts
 
     def write_host(self, group_id: int, block_id: int, host: torch.Tensor) -> None:
         """Inverse of :meth:`read_host`: fill the block's pages from a host uint8 tensor."""
-        self._check(block_id)
-        expected = self.page_bytes(group_id)
-        if host.dtype != torch.uint8 or host.device.type != "cpu" or host.numel() != expected:
-            raise PageError(
-                f"payload of {host.numel()} {host.dtype} on {host.device} for group {group_id}, "
-                f"expected {expected} host bytes"
-            )
+        self.write_many([(group_id, block_id, host)])
+
+    def write_many(self, blocks: Sequence[tuple[int, int, torch.Tensor]]) -> None:
+        """:meth:`write_host` of each ``(group id, block id, host tensor)``, in one batch.
+
+        Every payload is checked before the first page is written, so a bad
+        one leaves all pages as they were.
+        """
+        for group_id, block_id, host in blocks:
+            self._check(block_id)
+            expected = self.page_bytes(group_id)
+            if host.dtype != torch.uint8 or host.device.type != "cpu" or host.numel() != expected:
+                raise PageError(
+                    f"payload of {host.numel()} {host.dtype} on {host.device} for group "
+                    f"{group_id}, expected {expected} host bytes"
+                )
         with self._side_stream(wait_for_compute=False):
-            offset = 0
-            for t in self._tensors[group_id]:
-                page = t[block_id]
-                n = page.numel() * page.element_size()
-                src = host[offset : offset + n].to(self.device, non_blocking=self._cuda)
-                page.copy_(src.view(page.dtype).view(page.shape))
-                offset += n
+            for group_id, block_id, host in blocks:
+                offset = 0
+                for t in self._tensors[group_id]:
+                    page = t[block_id]
+                    n = page.numel() * page.element_size()
+                    src = host[offset : offset + n].to(self.device, non_blocking=self._cuda)
+                    page.copy_(src.view(page.dtype).view(page.shape))
+                    offset += n
 
     def read(self, group_id: int, block_id: int) -> bytes:
         """:meth:`read_host` as bytes (the SSD tier's file payload)."""

@@ -11,8 +11,8 @@ what they name and does what they say, in the order of one step:
    overtakes the write it follows, and a stage reads a spill's complete file),
    never on the step.
 2. :meth:`WorkerStore.load`: host copies (and staged snapshots) into the pages,
-   before the forward.
-3. :meth:`WorkerStore.store` (after the forward): pages into host copies.
+   before the forward, as one batch of copies.
+3. :meth:`WorkerStore.store` (after the forward): pages into host copies, one batch.
 
 What happened comes back as :class:`Report` (keys and sizes only). A key the
 scheduler plans a load of is always here: stores are reported only once
@@ -117,10 +117,10 @@ class WorkerStore:
                 raise ValueError(f"HiState: unknown tier operation {op!r}")
 
     def load(self, jobs: Iterable[LoadJob]) -> None:
-        """Fill the planned blocks; raises if a promised copy is missing."""
+        """Fill the planned blocks (one batch of copies); raises if a promised copy is missing."""
+        writes: list[tuple[int, int, torch.Tensor]] = []
         for job in jobs:
-            for block_id, key in job.kv:
-                self.pages.write_host(self.attn_group, block_id, self._host_copy(key))
+            writes += [(self.attn_group, block, self._host_copy(key)) for block, key in job.kv]
             if job.stage_id:
                 with self._lock:
                     key, state = self._staged.pop(job.stage_id, ("", None))
@@ -131,22 +131,31 @@ class WorkerStore:
                     )
             else:
                 state = self._host_copy(job.snapshot_key)
-            for block_id in job.snapshot_blocks:
-                self.pages.write_host(self.mamba_group, block_id, state)
+            writes += [(self.mamba_group, block, state) for block in job.snapshot_blocks]
+        if writes:
+            self.pages.write_many(writes)
 
     def store(self, stores: Iterable[tuple[str, int, int]]) -> None:
-        """Copy pages out after the forward; a failed copy is reported, never raised."""
-        for key, group_id, block_id in stores:
-            try:
-                copy = self.pages.read_host(group_id, block_id)
-            except Exception:  # noqa: BLE001 - a lost store is a future miss, never an error
-                logger.exception("HiState: copying out %s (block %d) failed", key, block_id)
-                with self._lock:
-                    self._report.failed.append(key)
-                continue
-            self._host[key] = copy
+        """Copy pages out after the forward (one batch); a failed copy is reported, never raised."""
+        stores = list(stores)
+        try:
+            copies = self.pages.read_many([(group, block) for _, group, block in stores])
+        except Exception:  # noqa: BLE001 - one bad block must not lose the batch: one by one
+            copies = [self._read_one(key, group, block) for key, group, block in stores]
+        for (key, _, _), copy in zip(stores, copies, strict=True):
             with self._lock:
+                if copy is None:
+                    self._report.failed.append(key)
+                    continue
+                self._host[key] = copy
                 self._report.stored[key] = copy.numel()
+
+    def _read_one(self, key: str, group_id: int, block_id: int) -> torch.Tensor | None:
+        try:
+            return self.pages.read_host(group_id, block_id)
+        except Exception:  # noqa: BLE001 - a lost store is a future miss, never an error
+            logger.exception("HiState: copying out %s (block %d) failed", key, block_id)
+            return None
 
     def take_report(self) -> Report | None:
         """What happened since the last call; None if nothing did."""
