@@ -12,8 +12,9 @@ The worker's host tier keeps the uint8 host tensors :meth:`PageCopier.read_host`
 returns (bytes only for SSD files). Copies never call ``.numpy()`` on a device
 tensor: a page is staged through a host buffer (pinned when the cache is on
 CUDA) and, on CUDA, copied on a side stream ordered against the compute stream
-with events, so a store waits for the forward that wrote the page and a load
-is complete before the next kernel reads it. A step's stores are one batch
+with events, so a copy waits for the kernels queued before it (a store for
+the forward that wrote the page, a load for any that may still read a reused
+block) and a load is complete before the next kernel reads it. A step's stores are one batch
 (:meth:`PageCopier.read_many`) and its loads another
 (:meth:`PageCopier.write_many`): one synchronization each, not one per block.
 """
@@ -92,7 +93,7 @@ class PageCopier:
             torch.empty(self.page_bytes(g), dtype=torch.uint8, pin_memory=self._cuda)
             for g, _ in blocks
         ]
-        with self._side_stream(wait_for_compute=True):
+        with self._side_stream():
             for (group_id, block_id), host in zip(blocks, hosts, strict=True):
                 offset = 0
                 for t in self._tensors[group_id]:
@@ -119,7 +120,7 @@ class PageCopier:
                     f"payload of {host.numel()} {host.dtype} on {host.device} for group "
                     f"{group_id}, expected {expected} host bytes"
                 )
-        with self._side_stream(wait_for_compute=False):
+        with self._side_stream():
             for group_id, block_id, host in blocks:
                 offset = 0
                 for t in self._tensors[group_id]:
@@ -144,21 +145,21 @@ class PageCopier:
         return flat.pin_memory() if self._cuda else flat
 
     @contextlib.contextmanager
-    def _side_stream(self, *, wait_for_compute: bool):
+    def _side_stream(self):
         """Run copies on the side stream; on exit the compute stream and the host see them done.
 
         CPU: a plain block (copies are synchronous). CUDA: the side stream first
-        waits for the compute stream when the pages were just written by the
-        forward (stores), the copies run there, and an event makes both the
-        compute stream (loads: the next kernels read these pages) and the host
-        (the host buffer is read or freed next) wait for them.
+        waits for the work queued on the compute stream (a store reads pages the
+        forward just wrote; a load overwrites a reused block that kernels still
+        queued there may read), the copies run there, and an event makes both
+        the compute stream (the next kernels read loaded pages) and the host
+        (the host buffer is kept, read or freed next) wait for them.
         """
         if self._stream is None:
             yield
             return
         compute = torch.cuda.current_stream(self.device)
-        if wait_for_compute:
-            self._stream.wait_stream(compute)
+        self._stream.wait_stream(compute)
         with torch.cuda.stream(self._stream):
             yield
             done = torch.cuda.Event()
