@@ -160,12 +160,16 @@ class PageCopier:
             return
         compute = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(compute)
-        with torch.cuda.stream(self._stream):
-            yield
-            done = torch.cuda.Event()
+        done = torch.cuda.Event()
+        try:
+            with torch.cuda.stream(self._stream):
+                yield
+        finally:
+            # also after a failed copy: the copies queued before it finish before anyone
+            # reads the pages or reuses the buffers
             done.record(self._stream)
-        compute.wait_event(done)
-        done.synchronize()
+            compute.wait_event(done)
+            done.synchronize()
 
     def _check(self, block_id: int) -> None:
         if not 0 < block_id < self.num_blocks:
