@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
-from vllm_ext.histate.pages import PageCopier
+from vllm_ext.histate.pages import PageCopier, PageError
 
 
 def random_caches(seed: int, device: str):
@@ -58,3 +59,34 @@ def check_store_evict_load(device: str, seeds=range(8)) -> None:
 def _pages_of(value, block: int) -> list[torch.Tensor]:
     tensors = value if isinstance(value, list) else [value]
     return [t[block].clone().cpu() for t in tensors]
+
+
+def check_batches(device: str, seeds=range(8)) -> None:
+    """A batch of reads/writes over random blocks of both groups equals the copies one by one;
+    a batch with one bad payload writes nothing."""
+    for seed in seeds:
+        caches, groups, num_blocks = random_caches(seed, device)
+        copier = PageCopier(caches, groups, num_blocks)
+        rng = random.Random(seed)
+        blocks = [(g, rng.randint(1, num_blocks - 1)) for _ in range(6) for g in groups]
+        batch = copier.read_many(blocks)
+        assert all(h.device.type == "cpu" for h in batch)
+        assert all(
+            torch.equal(h, copier.read_host(g, b)) for (g, b), h in zip(blocks, batch, strict=True)
+        ), seed
+        targets = [(g, rng.randint(1, num_blocks - 1)) for g, _ in blocks]
+        before = {(n, b): _pages_of(caches[n], b) for (g, b) in targets for n in groups[g]}
+        bad = torch.zeros(copier.page_bytes(0) + 1, dtype=torch.uint8)
+        writes = [(g, b, h) for (g, b), h in zip(targets, batch, strict=True)]
+        with pytest.raises(PageError, match="expected"):
+            copier.write_many([*writes, (0, 1, bad)])
+        assert all(
+            torch.equal(a, c)
+            for (g, b) in targets
+            for n in groups[g]
+            for a, c in zip(before[n, b], _pages_of(caches[n], b), strict=True)
+        ), seed
+        copier.write_many(writes)
+        # the last write of a block wins, as one by one
+        last = {(g, b): h for g, b, h in writes}
+        assert all(torch.equal(copier.read_host(g, b), h) for (g, b), h in last.items()), seed

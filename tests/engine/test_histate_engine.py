@@ -82,6 +82,35 @@ def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
+def worker_of(llm):
+    """The worker half of the in-process engine's connector (it holds the bytes)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = get_kv_transfer_group()
+    assert worker is not scheduler_of(llm).connector and worker.store is not None
+    return worker
+
+
+def counter(llm, name: str) -> float:
+    """A HiState counter over both halves (SSD I/O is counted where it happens: the worker)."""
+    return scheduler_of(llm).connector.counters.value(name) + worker_of(llm).counters.value(name)
+
+
+IDLE = {"requests": 0, "plans": 0, "loads": 0, "inflight": 0, "staging": 0}
+
+
+def assert_tiers_agree(llm) -> None:
+    """The worker holds a host copy of every key the index has in host memory, and
+    nothing else but what the next step's operations drop or spill."""
+    runtime = scheduler_of(llm).connector.runtime
+    worker = worker_of(llm).store
+    runtime.drain()
+    indexed = {item.key for item in runtime.tiers.host}
+    leaving = {key for op, key, _ in runtime._ops if op in ("drop", "spill")}
+    assert indexed <= worker.host_keys()
+    assert worker.host_keys() - indexed <= leaving
+
+
 @pytest.fixture(scope="module")
 def reference():
     """Cold greedy tokens without the connector (device cache reset before each prompt)."""
@@ -212,8 +241,9 @@ def test_aborts_leave_nothing_pinned_pending_or_leaked(histate):
     while eng.has_unfinished_requests():
         eng.step()
     conn.runtime.drain()
-    assert conn.idle_state() == {"requests": 0, "plans": 0, "loads": 0, "inflight": 0}
+    assert conn.idle_state() == IDLE
     conn.runtime.check_idle()
+    assert_tiers_agree(llm)
     pool = scheduler.kv_cache_manager.block_pool
     # every block is back in the free queue (block 0 is the null block)
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

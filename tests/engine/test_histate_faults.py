@@ -20,12 +20,15 @@ import pytest
 
 from tests.engine.test_histate_engine import (
     BLOCK,
+    IDLE,
     MODEL,
     _params,
     _run,
     _tokens,
+    counter,
     histate_kwargs,
     scheduler_of,
+    worker_of,
 )
 from tests.helpers import engine
 from vllm_ext.histate import snapfile
@@ -76,7 +79,7 @@ def test_preemption_leaves_nothing_pinned_pending_or_leaked(monkeypatch, release
             assert conn.counters.value("hit_tokens") > 0
         else:
             assert conn.counters.value("device_snapshots_released") == 0
-        assert conn.idle_state() == {"requests": 0, "plans": 0, "loads": 0, "inflight": 0}
+        assert conn.idle_state() == IDLE
         conn.runtime.check_idle()
         pool = scheduler.kv_cache_manager.block_pool
         assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
@@ -105,7 +108,7 @@ def written(tmp_path_factory):
             reference[name] = list(_run(llm, _family(i)[1]).outputs[0].token_ids)
             conn.runtime.drain()
             (key,) = _snapshot_keys(conn) - before  # the state at 768 tokens (prompt end)
-            paths[name] = conn.runtime.tiers.ssd_store.path(key)
+            paths[name] = worker_of(llm).store.ssd.path(key)
         conn.shutdown()  # what engine shutdown does: host snapshots -> SSD
     del llm
     assert all(p.exists() for p in paths.values())
@@ -173,26 +176,25 @@ def test_bad_snapshot_files_are_counted_quarantined_and_missed(restarted, name):
     assert conn.counters.value("snapshots_loaded_ssd") == ssd_before
     # truncated and foreign files are caught when the index is rebuilt at start,
     # the flipped payload when it is read
-    assert conn.counters.value("ssd_corrupt") >= (3 if name == "flipped" else 2)
+    assert counter(llm, "ssd_corrupt") >= (3 if name == "flipped" else 2)
     assert len(list((directory / snapfile.QUARANTINE).iterdir())) >= 2
 
 
 def test_store_failures_are_counted_and_serving_continues(restarted, monkeypatch):
     llm, conn, _, _ = restarted
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    worker = get_kv_transfer_group()  # in-process: the worker-side connector
+    worker = worker_of(llm)  # in-process: the worker-side connector
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     failures = conn.counters.value("store_failures")
     stored = conn.counters.value("kv_blocks_stored")
+    # the index refuses (raises): the worker's copies are dropped, nothing is stored
     monkeypatch.setattr(conn.runtime.tiers, "store", disk_full)
     out = _run(llm, _tokens(900, 1000))
     assert len(out.outputs[0].token_ids) == 8
     conn.runtime.drain()
-    monkeypatch.setattr(worker._pages, "read", disk_full)
+    monkeypatch.setattr(worker.store.pages, "read_many", disk_full)
     out = _run(llm, _tokens(901, 1000))
     assert len(out.outputs[0].token_ids) == 8
     conn.runtime.drain()

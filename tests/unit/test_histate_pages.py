@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.histate_page_cases import check_store_evict_load, random_caches
+from tests.histate_page_cases import check_batches, check_store_evict_load, random_caches
 from vllm_ext.histate.pages import PageCopier, PageError
 
 
 def test_store_overwrite_load_is_identical_on_cpu():
     check_store_evict_load("cpu")
+
+
+def test_batched_copies_equal_single_copies_and_a_bad_payload_writes_nothing():
+    check_batches("cpu")
 
 
 def test_null_block_and_wrong_payload_are_refused():

@@ -31,6 +31,7 @@ ADAPTERS = {
     "vllm_ext.flide.api",
     "vllm_ext.flide.forward",
     "vllm_ext.flide.worker",
+    "vllm_ext.histate.cache_policy",
     "vllm_ext.histate.connector",
     "vllm_ext.histate.device_pool",
     "vllm_ext.histate.metadata",

@@ -81,6 +81,7 @@ _V2_KV = "vllm.v1.worker.gpu.kv_connector"
 _POOL = "vllm.v1.core.block_pool"
 _MAMBA = "vllm.v1.core.single_type_kv_cache_manager"
 _GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+_KVPOL = "vllm.v1.kv_offload.cpu.policies.base"
 
 SEAMS: tuple[Seam, ...] = (
     # ---- shared plumbing (vllm_ext.common, vllm_ext.plugin, vllm_ext.vllm_main)
@@ -262,6 +263,31 @@ SEAMS: tuple[Seam, ...] = (
          "benchmarks/histate/sim.py drives vLLM's policies", ("n", "protected")),
     Seam("histate", "vllm.v1.kv_offload.cpu.policies.base", "CachePolicy.touch", "signature",
          "benchmarks/histate/sim.py drives vLLM's policies", ("keys", "req_context")),
+    # ---- HiState as a vLLM CachePolicy (s19-histate-data: vllm_ext/histate/cache_policy.py)
+    Seam("histate", _KVPOL, "CachePolicy", "symbol", "HiStateCachePolicy extends it"),
+    Seam("histate", _KVPOL, "CachePolicy.__init__", "signature",
+         "the manager builds policies with a chunk count", ("cache_capacity",)),
+    Seam("histate", _KVPOL, "CachePolicy.on_store_miss", "signature",
+         "new chunks' end positions", ("keys", "req_context")),
+    Seam("histate", _KVPOL, "CachePolicy.on_request_finished", "signature",
+         "a request's chunks in prefix order",
+         ("key_groups", "insertion_only_keys", "reused_keys", "req_context")),
+    Seam("histate", _KVPOL, "CachePolicy.mark_evictable", "signature", "ref count 0", ("key",)),
+    Seam("histate", _KVPOL, "CachePolicy.mark_non_evictable", "signature", "pinned by a load",
+         ("key",)),
+    Seam("histate", _KVPOL, "ChunkStatus", "symbol", "the manager's chunk record"),
+    Seam("histate", "vllm.v1.kv_offload.cpu.policies.factory",
+         "CachePolicyFactory.register_cache_policy", "signature",
+         "registers \"histate\"", ("name", "module_path", "class_name")),
+    Seam("histate", "vllm.v1.kv_offload.base", "ReqContext.get_offload_key_position",
+         "signature", "a chunk's end token prices its recompute", ("key",)),
+    Seam("histate", "vllm.v1.kv_offload.base", "OffloadKey", "symbol", "chunk keys"),
+    Seam("histate", "vllm.v1.kv_offload.cpu.manager", "CPUOffloadingManager", "symbol",
+         "tests/unit/test_histate_cache_policy.py drives the policy through vLLM's manager"),
+    Seam("histate", "vllm.distributed.kv_transfer", "get_kv_transfer_group", "symbol",
+         "the in-process worker half (HiStateRuntime.drain/close: tests, benchmarks)"),
+    Seam("histate", "vllm.distributed.kv_transfer", "has_kv_transfer_group", "symbol",
+         "the in-process worker half"),
     # ---- Flide (vllm_ext/flide/forward.py, worker.py, api.py)
     Seam("flide", "vllm.forward_context", "set_forward_context", "signature",
          "the packed pass runs in a forward context", ("attn_metadata", "vllm_config")),

@@ -2,24 +2,27 @@
 
 Extends ``KVConnectorBase_V1`` + ``SupportsHMA`` (checked on vLLM 0.32.0,
 CPU platform, hybrid Gated-DeltaNet + attention models with
-``--enable-prefix-caching``, i.e. ``mamba_cache_mode="align"``).
+``--enable-prefix-caching``, i.e. ``mamba_cache_mode="align"``). Only ids and
+sizes cross between the two halves (:mod:`vllm_ext.histate.metadata`).
 
-Scheduler side (EngineCore): a :class:`~vllm_ext.histate.runtime.HiStateRuntime`
-owns the tiers. ``get_num_new_matched_tokens`` offers the longest prefix past
-vLLM's own device hit whose KV blocks (device, else our host tier) and the
-recurrent-state snapshot at exactly its end (host or SSD) exist, never the
-last prompt token, with the payloads already read. ``update_state_after_alloc``
-maps it onto the request's new blocks: attention-group blocks for the KV and
-the Mamba-group block at the hit boundary for the state. ``build_connector_meta``
-ships these loads and this step's stores (attention blocks the step fills,
-plus the exact boundary states vLLM offers in ``boundary_state_offloads``,
-admitted by the policy) to the worker.
+Scheduler side (EngineCore): :class:`~vllm_ext.histate.scheduler_side.SchedulerSide`
+over the index and policy (:class:`~vllm_ext.histate.runtime.HiStateRuntime`).
+``get_num_new_matched_tokens`` offers the longest prefix past vLLM's own
+device hit whose KV blocks (device, else our host tier) and the recurrent-state
+snapshot at exactly its end (host, or SSD once the worker has staged it)
+exist, never the last prompt token. ``update_state_after_alloc`` maps it onto
+the request's new blocks: attention-group blocks for the KV and the
+Mamba-group block at the hit boundary for the state. ``build_connector_meta``
+sends the tier operations the index decided (drop, spill, stage), these
+loads and this step's stores (attention blocks the step fills, plus the exact
+boundary states vLLM offers in ``boundary_state_offloads``, admitted by the
+policy); ``update_connector_output`` indexes what the worker reports.
 
-Worker side: loads are written into the registered pages in ``start_load_kv``
-(synchronous: before the forward); stores are copied out of the pages in
-``wait_for_save`` (after the forward) and return to the scheduler as worker
-metadata, where a background thread inserts them into the tiers (evict, spill
-to SSD). Nothing relies on the two halves sharing a process.
+Worker side: :class:`~vllm_ext.histate.worker_store.WorkerStore` holds the
+bytes (host tensors, pinned on CUDA; the SSD files) and applies operations
+and loads in ``start_load_kv`` (before the forward when the step loads) and
+stores in ``wait_for_save`` (after it). Nothing relies on the two halves
+sharing a process.
 
 Device pool (``bind_kv_cache_manager``, see :mod:`vllm_ext.histate.device_pool`):
 with ``release_device_snapshots`` (default) a freed Mamba-group block whose
@@ -33,8 +36,6 @@ Limits: one worker (tensor/pipeline parallel size 1; checked at start).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -54,31 +55,18 @@ from vllm_ext.histate.device_pool import keep_snapshots_off_device
 from vllm_ext.histate.metadata import (
     HiStateMetadata,
     HiStateWorkerMetadata,
-    LoadJob,
     cache_layout,
     cache_namespace,
 )
 from vllm_ext.histate.pages import PageCopier
-from vllm_ext.histate.policy import Kind, kv_key, snap_key
-from vllm_ext.histate.runtime import (
-    COUNTER_SPECS,
-    HiStateRuntime,
-    LoadPlan,
-    StoreItem,
-    snapshot_reason,
-)
+from vllm_ext.histate.policy import snap_key
+from vllm_ext.histate.runtime import COUNTER_SPECS, HiStateRuntime
+from vllm_ext.histate.scheduler_side import SchedulerSide
+from vllm_ext.histate.snapfile import SnapshotStore, scan
+from vllm_ext.histate.worker_store import WorkerStore
 from vllm_ext.patches import mamba_external_state_count
 
 logger = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """What a store sent to the worker needs once its bytes come back."""
-
-    kind: Kind
-    position: int
-    recompute_tokens: int
 
 
 class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
@@ -106,22 +94,20 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.attn_group, self.mamba_group, self.groups = cache_layout(kv_cache_config)
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = kv_cache_config.num_blocks
+        self.namespace = cache_namespace(vllm_config, kv_cache_config)
         self.runtime: HiStateRuntime | None = None
+        self.side: SchedulerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._check_chunking(vllm_config, kv_cache_config)
-            self.runtime = HiStateRuntime(
-                self.config, cache_namespace(vllm_config, kv_cache_config), self.counters
+            has_ssd = self.config.directory is not None and self.config.ssd_bytes > 0
+            # the files are the worker's; the index only reads their headers
+            files = scan(self.config.directory, self.namespace) if has_ssd else {}
+            self.runtime = HiStateRuntime(self.config, self.counters, files, _local_worker)
+            self.side = SchedulerSide(
+                self.config, self.runtime, self.block_size, self.attn_group, self.mamba_group
             )
-        # scheduler state
-        self._requests: dict = {}
-        self._branch: dict[str, int | None] = {}
-        self._plans: dict[str, tuple[int, LoadPlan]] = {}
-        self._loads: list[LoadJob] = []
-        self._inflight: dict[str, _Pending] = {}
-        self._last_snapshot: dict[str, int] = {}
-        # worker state
         self._pages: PageCopier | None = None
-        self._out = HiStateWorkerMetadata()
+        self.store: WorkerStore | None = None
 
     # ---------------------------------------------------------------- scheduler side
     def _check_chunking(self, vllm_config, kv_cache_config) -> None:
@@ -173,165 +159,27 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.counters.inc("device_snapshots_released", n)
 
     def on_new_request(self, request) -> None:
-        self._requests[request.request_id] = request
+        self.side.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        req_id = request.request_id
-        self._requests.setdefault(req_id, request)
-        if num_computed_tokens % self.block_size:
-            return 0, False
-        local = num_computed_tokens // self.block_size
-        cached = self._plans.get(req_id)
-        if cached is not None and cached[0] == local:
-            # asked again (e.g. no room this step): the payloads are already in hand
-            plan = cached[1]
-            return (plan.blocks - local) * self.block_size, False
-        # the last prompt token is always computed (it yields the first output token)
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        chain = self._chain(request, max_blocks)
-        if req_id not in self._branch:
-            self._branch[req_id] = self.runtime.branches.branch_point(chain, len(chain))
-            self.runtime.branches.observe(chain)
-        plan = self.runtime.plan_load(chain, local, max_blocks)
-        if plan is None:
-            self._plans.pop(req_id, None)
-            return 0, False
-        self._plans[req_id] = (local, plan)
-        return (plan.blocks - local) * self.block_size, False
+        return self.side.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        cached = self._plans.pop(request.request_id, None)
-        if num_external_tokens == 0 or cached is None:
-            return
-        local, plan = cached
-        if num_external_tokens != (plan.blocks - local) * self.block_size:
-            raise RuntimeError(
-                f"HiState: vLLM allocated {num_external_tokens} external tokens for "
-                f"{request.request_id}, the plan covers {(plan.blocks - local) * self.block_size}"
-            )
-        block_ids = blocks.get_block_ids()
-        attn = block_ids[self.attn_group][local : plan.blocks]
-        mamba = block_ids[self.mamba_group]
-        # align mode: vLLM caches the boundary state in block ``blocks - 1`` and, before
-        # the forward (and before start_load_kv), copies that block into the request's
-        # running-state block (the last one); the load must fill both
-        state_blocks = (mamba[plan.blocks - 1], mamba[-1]) if len(mamba) > plan.blocks else (0,)
-        if len(attn) != len(plan.kv_payloads) or 0 in attn or 0 in state_blocks:
-            raise RuntimeError(
-                f"HiState: unexpected blocks for a {plan.blocks}-block hit of "
-                f"{request.request_id}: attention {attn}, recurrent {mamba}"
-            )
-        self._loads.append(
-            LoadJob(
-                request.request_id,
-                list(zip(attn, plan.kv_payloads, strict=True)),
-                state_blocks,
-                plan.snapshot,
-            )
-        )
-        self._last_snapshot[request.request_id] = plan.blocks
-        self.runtime.record_hit(plan, self.block_size)
+        self.side.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def get_loaded_kv_cache_group_ids(self, request) -> tuple[int, ...]:
         return tuple(sorted((self.attn_group, self.mamba_group)))
 
     def build_connector_meta(self, scheduler_output) -> HiStateMetadata:
-        meta = HiStateMetadata(loads=self._loads)
-        self._loads = []
-        state = scheduler_output.kv_connector_block_state
-        if state is None:
-            return meta
-        for req_id, n in scheduler_output.num_scheduled_tokens.items():
-            self._plan_stores(meta, state, req_id, n)
-        for req_id, offers in state.boundary_state_offloads.items():
-            request = self._requests.get(req_id)
-            if request is None:
-                continue
-            for group_id, block_id, boundary_tokens in offers:
-                if group_id == self.mamba_group and boundary_tokens % self.block_size == 0:
-                    self._plan_snapshot_store(meta, request, block_id, boundary_tokens)
-        return meta
-
-    def _chain(self, request, blocks: int | None = None) -> list[str]:
-        hashes = request.block_hashes if blocks is None else request.block_hashes[:blocks]
-        return [bytes(h).hex() for h in hashes]
-
-    def _plan_stores(self, meta: HiStateMetadata, state, req_id: str, n: int) -> None:
-        """KV blocks this step fills, and the state if the step ends on a block boundary."""
-        request = self._requests.get(req_id)
-        if request is None:
-            return
-        bs = self.block_size
-        before, after = request.num_computed_tokens, request.num_computed_tokens + n
-        first, last = before // bs, min(after // bs, len(request.block_hashes))
-        if last <= first:
-            return
-        block_ids = state.get_block_ids(req_id)
-        if block_ids is None:
-            return
-        ids = block_ids[self.attn_group]
-        # a KV block is worth what its loss costs: the prompt hit it supports
-        supported = max((request.num_prompt_tokens - 1) // bs, 1)
-        for j in range(first, min(last, len(ids))):
-            key = kv_key(bytes(request.block_hashes[j]).hex())
-            if ids[j] == 0 or key in self._inflight or self.runtime.has(key):
-                continue
-            meta.stores.append((key, self.attn_group, ids[j]))
-            recompute = max(supported, j + 1) * bs
-            self._inflight[key] = _Pending(Kind.KV, (j + 1) * bs, recompute)
-        if after % bs == 0 and after // bs == last:
-            # align mode keeps the running state of a step ending at token k*bs in the
-            # block of index k-1; after the forward it is exactly the boundary state.
-            # vLLM offers only some of these (none while decoding), so take them here.
-            mamba = block_ids[self.mamba_group]
-            if len(mamba) >= last:
-                self._plan_snapshot_store(meta, request, mamba[last - 1], after)
-
-    def _plan_snapshot_store(self, meta, request, block_id: int, boundary_tokens: int) -> None:
-        k = boundary_tokens // self.block_size
-        if not 0 < k <= len(request.block_hashes) or block_id == 0:
-            return
-        req_id = request.request_id
-        key = snap_key(bytes(request.block_hashes[k - 1]).hex())
-        if key in self._inflight or self.runtime.has(key):
-            return
-        reason = snapshot_reason(
-            k, request.num_prompt_tokens, self.block_size,
-            self.config.snapshot_interval_blocks, self._branch.get(req_id),
-        )  # fmt: skip
-        if reason is None:
-            return
-        if not self.runtime.admit(reason):
-            self.counters.inc("store_rejected")
-            return
-        previous = self._last_snapshot.get(req_id, 0)
-        previous = previous if previous < k else 0
-        self._last_snapshot[req_id] = k
-        meta.stores.append((key, self.mamba_group, block_id))
-        self._inflight[key] = _Pending(
-            Kind.SNAPSHOT, boundary_tokens, (k - previous) * self.block_size
-        )
+        return self.side.build_connector_meta(scheduler_output, HiStateMetadata())
 
     def update_connector_output(self, connector_output) -> None:
         meta = connector_output.kv_connector_worker_meta
-        if not isinstance(meta, HiStateWorkerMetadata):
-            return
-        items = []
-        for key, payload in meta.payloads.items():
-            info = self._inflight.pop(key, None)
-            if info is not None:
-                items.append(
-                    StoreItem(key, info.kind, payload, info.position, info.recompute_tokens)
-                )
-        for key in meta.failed:
-            self._inflight.pop(key, None)
-            self.counters.inc("store_failures")
-        self.runtime.submit(items)
+        if isinstance(meta, HiStateWorkerMetadata):
+            self.side.update_connector_output(meta)
 
     def request_finished_all_groups(self, request, block_ids):
-        req_id = request.request_id
-        for table in (self._requests, self._branch, self._plans, self._last_snapshot):
-            table.pop(req_id, None)
+        self.side.request_finished(request)
         return False, None
 
     def request_finished(self, request, block_ids):
@@ -340,33 +188,35 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
     def shutdown(self):
         if self.runtime is not None:
             self.runtime.close(persist=True)
+        if self.store is not None:
+            self.store.close(persist=True)
 
     def idle_state(self) -> dict[str, int]:
         """Sizes of per-request bookkeeping (all 0 once no request is live; tests)."""
-        return {
-            "requests": len(self._requests),
-            "plans": len(self._plans),
-            "loads": len(self._loads),
-            "inflight": len(self._inflight),
-        }
+        return self.side.idle_state()
 
     # ---------------------------------------------------------------- worker side
     def register_kv_caches(self, kv_caches) -> None:
         self._pages = PageCopier(kv_caches, self.groups, self.num_blocks)
+        ssd = None
+        if self.config.directory is not None and self.config.ssd_bytes > 0:
+            ssd = SnapshotStore(
+                self.config.directory, self.namespace, fsync=self.config.fsync,
+                counters=self.counters,
+            )  # fmt: skip
+        self.store = WorkerStore(self._pages, ssd, self.attn_group, self.mamba_group)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
-        if not isinstance(meta, HiStateMetadata) or not meta.loads:
+        if not isinstance(meta, HiStateMetadata):
             return
-        assert self._pages is not None, "HiState: KV caches were never registered"
-        for job in meta.loads:
-            # a failed write here would compute on a wrong state: let it raise
-            for block_id, payload in job.kv:
-                self._pages.write(self.attn_group, block_id, payload)
-            for block_id in job.snapshot_blocks:
-                self._pages.write(self.mamba_group, block_id, job.snapshot)
+        assert self.store is not None, "HiState: KV caches were never registered"
+        # the scheduler decided these before planning this step's loads: apply them first
+        self.store.apply(meta.ops)
+        # a failed write here would compute on a wrong state: let it raise
+        self.store.load(meta.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         pass
@@ -378,22 +228,24 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
-        if not isinstance(meta, HiStateMetadata) or not meta.stores:
-            return
-        for key, group_id, block_id in meta.stores:
-            try:
-                self._out.payloads[key] = self._pages.read(group_id, block_id)
-            except Exception:  # noqa: BLE001 - a lost store is a future miss, never an error
-                logger.exception("HiState: copying out %s (block %d) failed", key, block_id)
-                self._out.failed.append(key)
+        if isinstance(meta, HiStateMetadata) and meta.stores:
+            self.store.store(meta.stores)
 
     def build_connector_worker_meta(self) -> HiStateWorkerMetadata | None:
-        if not self._out.payloads and not self._out.failed:
-            return None
-        out, self._out = self._out, HiStateWorkerMetadata()
-        return out
+        report = self.store.take_report() if self.store is not None else None
+        return None if report is None else HiStateWorkerMetadata(**vars(report))
 
     @property
     def requires_kv_delivery(self) -> bool:
         # a dropped store is a future miss; preempted requests need no hand-off
         return False
+
+
+def _local_worker() -> WorkerStore | None:
+    """The worker half's store when it runs in this process (in-process engines), else None."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return None
+    worker = get_kv_transfer_group()
+    return getattr(worker, "store", None)

@@ -1,11 +1,15 @@
 """What HiStateConnector's two halves exchange, and the cache layout it checks (vLLM 0.32).
 
-``HiStateMetadata`` (extends ``KVConnectorMetadata``) carries one step's loads
-and stores from the scheduler to the worker; ``HiStateWorkerMetadata``
-(extends ``KVConnectorWorkerMetadata``) carries stored payloads and failed
-keys back. :func:`cache_layout` finds the attention and recurrent KV-cache
-groups; :func:`cache_namespace` names everything that changes the bytes of a
-page, so a snapshot file from another model or layout is a miss.
+Ids and sizes only, never a page: the scheduler keeps the index and the
+policy, the worker keeps the bytes (host tensors, SSD files).
+``HiStateMetadata`` (extends ``KVConnectorMetadata``) carries one step's
+tier operations, loads and stores to the worker, which applies them in that
+order; ``HiStateWorkerMetadata`` (extends ``KVConnectorWorkerMetadata``)
+carries back what happened: keys stored (with their sizes), stores that
+failed, SSD reads staged or failed, spills the disk refused.
+:func:`cache_layout` finds the attention and recurrent KV-cache groups;
+:func:`cache_namespace` names everything that changes the bytes of a page, so
+a snapshot file from another model or layout is a miss.
 """
 
 from __future__ import annotations
@@ -21,21 +25,16 @@ from vllm.v1.kv_cache_interface import AttentionSpec, MambaSpec
 
 from vllm_ext.common.config import ConfigError
 from vllm_ext.histate.fingerprint import weights_fingerprint
+from vllm_ext.histate.worker_store import DROP, SPILL, STAGE, UNSTAGE, LoadJob
 
-
-@dataclass
-class LoadJob:
-    """Copy these payloads into these blocks before the forward."""
-
-    req_id: str
-    kv: list[tuple[int, bytes]]  # (attention-group block id, KV payload)
-    # the block vLLM caches the boundary state in, and the request's running-state block
-    snapshot_blocks: tuple[int, ...]
-    snapshot: bytes
+__all__ = ["DROP", "SPILL", "STAGE", "UNSTAGE", "HiStateMetadata", "HiStateWorkerMetadata",
+           "LoadJob", "cache_layout", "cache_namespace"]  # fmt: skip
 
 
 @dataclass
 class HiStateMetadata(KVConnectorMetadata):
+    # (DROP | SPILL, key, "") or (STAGE | UNSTAGE, key, stage id), applied first, in order
+    ops: list[tuple[str, str, str]] = field(default_factory=list)
     loads: list[LoadJob] = field(default_factory=list)
     # (key, KV-cache group id, block id) to copy out after the forward
     stores: list[tuple[str, int, int]] = field(default_factory=list)
@@ -43,16 +42,26 @@ class HiStateMetadata(KVConnectorMetadata):
 
 @dataclass
 class HiStateWorkerMetadata(KVConnectorWorkerMetadata):
-    payloads: dict[str, bytes] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
+    stored: dict[str, int] = field(default_factory=dict)  # key -> bytes now on the host
+    failed: list[str] = field(default_factory=list)  # stores that did not happen
+    staged: list[tuple[str, str]] = field(default_factory=list)  # (stage id, key) read
+    stage_failed: list[tuple[str, str]] = field(default_factory=list)  # unreadable: gone
+    spill_failed: list[tuple[str, int, int]] = field(default_factory=list)  # key, errno, bytes
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         # one worker only (checked at start); merging keeps the API contract
         if isinstance(other, HiStateWorkerMetadata):
-            for key, payload in other.payloads.items():
-                self.payloads.setdefault(key, payload)
-            self.failed.extend(k for k in other.failed if k not in self.failed)
+            for key, nbytes in other.stored.items():
+                self.stored.setdefault(key, nbytes)
+            for name in ("failed", "staged", "stage_failed", "spill_failed"):
+                mine = getattr(self, name)
+                mine.extend(x for x in getattr(other, name) if x not in mine)
         return self
+
+    def is_empty(self) -> bool:
+        return not (
+            self.stored or self.failed or self.staged or self.stage_failed or self.spill_failed
+        )
 
 
 def cache_layout(kv_cache_config) -> tuple[int, int, dict[int, list[str]]]:

@@ -1,28 +1,29 @@
-"""Scheduler-side HiState runtime: tiers, hit planning, background stores (no vLLM types).
+"""Scheduler-side HiState runtime: the index and the policy, no bytes (no vLLM types).
 
-The connector's scheduler half owns one :class:`HiStateRuntime`. It keeps the
-:class:`~vllm_ext.histate.tiers.TieredCache` (host memory + SSD files), so
-the index that decides a hit and the bytes that serve it live in one place:
+The connector's scheduler half owns one :class:`HiStateRuntime`: a
+:class:`~vllm_ext.histate.tiers.TieredCache` with ``keep_payloads=False``
+(keys, sizes, tiers, scores) under the one eviction queue per tier. The bytes
+are on the worker (:class:`~vllm_ext.histate.worker_store.WorkerStore`), which
+applies what this index decides, in order, at the start of the next step:
 
+- :meth:`stored` indexes a key the worker reports copied out; the policy's
+  evictions and spills become ``drop`` / ``spill`` operations
+  (:meth:`take_ops`), and a copy the index refuses is dropped there too.
 - :meth:`plan_load` finds the longest prefix whose KV (vLLM's own device hit,
-  else our host tier) and boundary snapshot exist, and **reads the payloads
-  right away**. A load is therefore never promised for bytes that may vanish
-  before the worker copies them (vLLM 0.32 cannot recover a failed
-  synchronous load of a hybrid model); an unreadable item (corrupt or
-  evicted file) is dropped and the lookup retried, i.e. a shorter hit or a miss.
-- :meth:`submit` hands payloads copied out by the worker to a background
-  thread that inserts them into the host tier (evicting and spilling to the
-  SSD by policy), so no store ever blocks a scheduler step. A failing store
-  is counted and dropped.
+  else our host tier) and boundary snapshot exist. The worker is sure to hold
+  every host item of a plan (items are indexed only once copied, leave only by
+  a ``drop`` sent after the plan's load, and a plan is pinned until its load
+  is sent); an SSD snapshot is first staged into host memory on the worker, so
+  a load never fails on the step (vLLM 0.32 cannot recover a failed
+  synchronous load of a hybrid model). A file the worker cannot read or write
+  is reported and forgotten here (:meth:`unreadable`, :meth:`spill_failed`).
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from vllm_ext.common.counters import Counters, CounterSpec
 from vllm_ext.common.log import get_logger
@@ -38,8 +39,8 @@ from vllm_ext.histate.policy import (
     kv_key,
     snap_key,
 )
-from vllm_ext.histate.snapfile import SnapshotStore
 from vllm_ext.histate.tiers import HOST, SSD, TieredCache
+from vllm_ext.histate.worker_store import DROP, SPILL, WorkerStore
 
 logger = get_logger(__name__)
 
@@ -52,7 +53,7 @@ ADAPTER_SPECS = (
     CounterSpec("snapshots_loaded_ssd", "recurrent-state snapshots restored from the SSD tier"),
     CounterSpec("load_bytes_host", "payload bytes restored from host memory"),
     CounterSpec("load_bytes_ssd", "payload bytes restored from the SSD tier"),
-    CounterSpec("load_failures", "items found unreadable while planning a hit; treated as misses"),
+    CounterSpec("load_failures", "snapshot files the worker found unreadable; treated as misses"),
     CounterSpec("kv_blocks_stored", "KV blocks copied out of the device pool into host memory"),
     CounterSpec("snapshots_stored", "boundary snapshots copied out into host memory"),
     CounterSpec("store_bytes_host", "payload bytes stored into host memory"),
@@ -65,30 +66,22 @@ ADAPTER_SPECS = (
 COUNTER_SPECS = ALGORITHM_SPECS + ADAPTER_SPECS
 
 
-@dataclass(frozen=True)
-class StoreItem:
-    """One payload the worker copied out, with what the policy needs to rank it."""
-
-    key: str
-    kind: Kind
-    payload: bytes
-    position: int
-    recompute_tokens: int
-
-
 @dataclass
 class LoadPlan:
-    """A hit the scheduler promised: blocks ``first..blocks-1`` of KV plus one snapshot.
+    """A hit: KV of blocks ``first..blocks-1`` (host tier) and the snapshot at its end.
 
-    ``kv_payloads[i]`` is the KV of block ``first + i``; ``snapshot`` the state
-    at the end of block ``blocks - 1``.
+    ``snapshot_tier`` is ``"host"``, or ``"ssd"``: then the worker reads the file
+    into the request's staging buffer first (:data:`~vllm_ext.histate.worker_store.STAGE`).
     """
 
     first: int
     blocks: int
-    kv_payloads: list[bytes]
-    snapshot: bytes
+    kv_keys: list[str]
+    snapshot_key: str
     snapshot_tier: str
+
+    def keys(self) -> list[str]:
+        return [*self.kv_keys, self.snapshot_key]
 
 
 def snapshot_reason(
@@ -115,92 +108,93 @@ def snapshot_reason(
 
 
 class HiStateRuntime:
-    """Tiers + hit planning + background stores for one engine.
+    """The scheduler's index of one engine's tiers: keys, sizes, tiers, scores; no bytes.
 
     Args:
         config: HiState settings.
-        namespace: layout text for snapshot files (model, dtype, layers, block size, ranks).
         counters: where everything is counted (must declare :data:`COUNTER_SPECS`).
+        ssd_files: snapshot files found at start (key -> payload bytes), from
+            :func:`~vllm_ext.histate.snapfile.scan`.
+        local_worker: the worker's store when it runs in this process, else None
+            (only :meth:`drain` and :meth:`close` use it: tests, in-process benchmarks).
     """
 
-    def __init__(self, config: HiStateConfig, namespace: str, counters: Counters):
+    def __init__(
+        self, config: HiStateConfig, counters: Counters, ssd_files: Mapping[str, int] = {},
+        local_worker: Callable[[], WorkerStore | None] = lambda: None,
+    ):  # fmt: skip
         self.config = config
         self.counters = counters
-        store = None
-        if config.directory is not None and config.ssd_bytes > 0:
-            store = SnapshotStore(
-                config.directory, namespace, fsync=config.fsync, counters=counters
-            )
-        self.tiers = TieredCache(config, ssd_store=store, counters=counters)
+        # no folder, no SSD tier (the worker would refuse every spill)
+        index = config if config.directory is not None else replace(config, ssd_bytes=0)
+        self.tiers = TieredCache(index, keep_payloads=False, counters=counters)
         self.branches = BranchTracker()
         self._t0 = time.monotonic()
-        self._queue: queue.Queue[list[StoreItem] | None] = queue.Queue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="histate-store", daemon=True)
-        self._thread.start()
+        self._local_worker = local_worker
+        # files that did not fit go at the first step
+        self._ops: list[tuple[str, str, str]] = [
+            (DROP, key, "") for key in self.tiers.adopt(dict(ssd_files))
+        ]
 
     def now(self) -> float:
         """Seconds since start (the policy's clock)."""
         return time.monotonic() - self._t0
 
+    def queue_op(self, op: tuple[str, str, str]) -> None:
+        """Send ``op`` to the worker after those decided before it."""
+        self._ops.append(op)
+
+    def take_ops(self) -> list[tuple[str, str, str]]:
+        """Tier operations for the worker, in the order decided (the next step's metadata)."""
+        ops, self._ops = self._ops, []
+        return ops
+
     # ---- hits
     def plan_load(
         self, chain: Sequence[str], local_blocks: int, max_blocks: int
     ) -> LoadPlan | None:
-        """The longest hit beyond vLLM's own ``local_blocks``, payloads in hand; None = miss."""
+        """The longest hit beyond vLLM's own ``local_blocks``; None = miss."""
         device = set(chain[:local_blocks])
-        while True:
-            hit = longest_hit(
-                chain,
-                lambda h: DEVICE if h in device else self.tiers.tier_of(kv_key(h)),
-                lambda h: self.tiers.tier_of(snap_key(h)),
-                max_blocks=max_blocks,
-            )
-            if hit.blocks <= local_blocks:
-                return None
-            plan = self._read(chain, local_blocks, hit.blocks)
-            if plan is not None:
-                return plan
-
-    def _read(self, chain: Sequence[str], first: int, blocks: int) -> LoadPlan | None:
-        now = self.now()
-        kv: list[bytes] = []
-        for h in chain[first:blocks]:
-            data = self._load(kv_key(h), now)
-            if data is None:
-                return None
-            kv.append(data)
-        key = snap_key(chain[blocks - 1])
-        tier = self.tiers.tier_of(key)
-        snapshot = self._load(key, now)
-        if snapshot is None or tier is None:
+        hit = longest_hit(
+            chain,
+            lambda h: DEVICE if h in device else self.tiers.tier_of(kv_key(h)),
+            lambda h: self.tiers.tier_of(snap_key(h)),
+            max_blocks=max_blocks,
+        )
+        if hit.blocks <= local_blocks or hit.snapshot_tier is None:
             return None
-        # KV blocks are only kept in host memory
-        self.counters.inc("load_bytes_host", sum(map(len, kv)))
-        self.counters.inc("load_bytes_host" if tier == HOST else "load_bytes_ssd", len(snapshot))
-        return LoadPlan(first, blocks, kv, snapshot, tier)
+        kv = [kv_key(h) for h in chain[local_blocks : hit.blocks]]
+        return LoadPlan(local_blocks, hit.blocks, kv, snap_key(chain[hit.blocks - 1]),
+                        hit.snapshot_tier)  # fmt: skip
 
-    def _load(self, key: str, now: float) -> bytes | None:
-        self.tiers.pin(key)
-        try:
-            data = self.tiers.load(key)
-        finally:
+    def pin(self, plan: LoadPlan) -> None:
+        """Keep a planned hit's items from eviction until its load is sent."""
+        for key in plan.keys():
+            self.tiers.pin(key)
+
+    def unpin(self, plan: LoadPlan) -> None:
+        for key in plan.keys():
             self.tiers.unpin(key)
-        if data is None:
-            # vanished or corrupt (the SSD store quarantined and counted it): never offer it again
-            self.counters.inc("load_failures")
-            self.tiers.remove(key)
-            return None
-        self.tiers.touch(key, now)
-        return data
 
     def record_hit(self, plan: LoadPlan, block_size: int) -> None:
-        """Count a hit the scheduler committed to."""
+        """Count a hit the scheduler committed to; an access for the policy."""
+        now = self.now()
+        kv_bytes = 0
+        for key in plan.kv_keys:
+            item = self.tiers.host.get(key)
+            kv_bytes += item.nbytes if item is not None else 0
+            self.tiers.touch(key, now)
+        snap = self.tiers.host.get(plan.snapshot_key) or self.tiers.ssd.get(plan.snapshot_key)
+        self.tiers.touch(plan.snapshot_key, now)
+        host = plan.snapshot_tier == HOST
         self.counters.inc("hit_requests")
         self.counters.inc("hit_tokens", (plan.blocks - plan.first) * block_size)
-        self.counters.inc("kv_blocks_loaded", len(plan.kv_payloads))
-        name = "snapshots_loaded_host" if plan.snapshot_tier == HOST else "snapshots_loaded_ssd"
-        self.counters.inc(name)
+        self.counters.inc("kv_blocks_loaded", len(plan.kv_keys))
+        self.counters.inc("snapshots_loaded_host" if host else "snapshots_loaded_ssd")
+        self.counters.inc("host_hits", len(plan.kv_keys) + host)
+        self.counters.inc("ssd_hits", not host)
+        self.counters.inc("load_bytes_host", kv_bytes + (snap.nbytes if snap and host else 0))
+        self.counters.inc("load_bytes_ssd", snap.nbytes if snap and not host else 0)
 
     def has(self, key: str) -> bool:
         """Is ``key`` in a tier already (a store of it would only touch it)?"""
@@ -209,72 +203,59 @@ class HiStateRuntime:
     def admit(self, reason: str | None) -> bool:
         return reason is not None and self.tiers.admit(reason)
 
-    # ---- stores
-    def submit(self, items: list[StoreItem]) -> None:
-        """Queue payloads for the host tier; returns at once."""
-        if items and not self._closed:
-            self._queue.put(items)
+    # ---- what the worker reports
+    def stored(
+        self, key: str, kind: Kind, nbytes: int, position: int, recompute_tokens: int
+    ) -> bool:
+        """The worker holds a host copy of ``key``: index it, evicting (and spilling) by policy.
 
-    def drain(self) -> None:
-        """Wait until every submitted store has been applied (tests, shutdown)."""
-        self._queue.join()
-
-    def _run(self) -> None:
-        while True:
-            items = self._queue.get()
-            try:
-                if items is None:
-                    return
-                for item in items:
-                    self._store(item)
-            finally:
-                self._queue.task_done()
-
-    def _store(self, item: StoreItem) -> None:
+        A copy the index does not take (no room, an error) is dropped on the worker.
+        """
         try:
             result = self.tiers.store(
-                item.key, item.kind, len(item.payload), self.now(),
-                recompute_tokens=item.recompute_tokens, position=item.position,
-                payload=item.payload,
+                key, kind, nbytes, self.now(), recompute_tokens=recompute_tokens,
+                position=position,
             )  # fmt: skip
         except Exception:  # noqa: BLE001 - a store is best effort; serving goes on
             self.counters.inc("store_failures")
-            logger.exception("HiState: storing %s failed; dropped", item.key)
-            return
-        if result.stored:
-            self.counters.inc("store_bytes_host", len(item.payload))
-            self.counters.inc("kv_blocks_stored" if item.kind is Kind.KV else "snapshots_stored")
-        # SSD write failures (on spill) are counted by the snapshot store, which drops the item
+            logger.exception("HiState: indexing %s failed; dropped", key)
+            result = None
+        if result is None or not result.stored:
+            self._ops.append((DROP, key, ""))
+            return False
+        self.counters.inc("store_bytes_host", nbytes)
+        self.counters.inc("kv_blocks_stored" if kind is Kind.KV else "snapshots_stored")
+        # spills first: an item spilled and then evicted from the SSD in one round
+        # must be written before its file is deleted
+        self._ops += [(SPILL, item.key, "") for item in result.spilled]
+        self._ops += [(DROP, item.key, "") for item in result.evicted]
+        return True
+
+    def spill_failed(self, key: str, code: int, nbytes: int) -> None:
+        """The worker could not write ``key``'s file: forget it (ENOSPC: shrink the SSD tier)."""
+        victims = self.tiers.write_failed(key, code, nbytes) if nbytes > 0 else []
+        self._ops += [(DROP, item.key, "") for item in victims]
+
+    def unreadable(self, key: str) -> None:
+        """A file could not be read back (corrupt, EIO, gone): never offer it again."""
+        self.counters.inc("load_failures")
+        self.tiers.remove(key)
+        self._ops.append((DROP, key, ""))
 
     # ---- lifecycle
+    def drain(self) -> None:
+        """Wait for the worker's SSD queue when the worker runs in this process (tests,
+        in-process benchmarks); stores themselves are indexed when the worker reports them."""
+        worker = self._local_worker()
+        if worker is not None:
+            worker.settle()
+
     def close(self, persist: bool = True) -> None:
-        """Finish queued stores, stop the thread; with ``persist``, move host snapshots to SSD.
-
-        Snapshots in host memory would be lost with the process; writing them
-        to the SSD tier lets a restarted engine (same folder, same layout) hit them.
-        """
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join(timeout=60)
-        if persist:
-            self._persist_host_snapshots()
-        if self.tiers.ssd_store is not None:
-            self.tiers.ssd_store.close()
-
-    def _persist_host_snapshots(self) -> None:
-        store = self.tiers.ssd_store
-        if store is None:
-            return
-        written = 0
-        for item in list(self.tiers.host):
-            if item.kind is not Kind.SNAPSHOT:
-                continue
-            data = self.tiers.load(item.key)
-            if data is not None and store.put(item.key, data):
-                written += 1
-        logger.info("HiState: persisted %d host snapshots to %s", written, store.root)
+        """Close the worker's store when it runs in this process (``persist``: host snapshots
+        to SSD now, not at interpreter exit); a worker elsewhere closes at its shutdown."""
+        worker = self._local_worker()
+        if worker is not None:
+            worker.close(persist=persist)
 
     def check_idle(self) -> None:
         """Raise AssertionError if an item is still pinned or a tier's accounting is off."""
@@ -283,4 +264,4 @@ class HiStateRuntime:
             assert tier.pinned_bytes == 0, f"{tier.pinned_bytes} bytes still pinned"
 
 
-__all__ = ["COUNTER_SPECS", "DEVICE", "HOST", "SSD", "HiStateRuntime", "LoadPlan", "StoreItem"]
+__all__ = ["COUNTER_SPECS", "DEVICE", "HOST", "SSD", "HiStateRuntime", "LoadPlan"]

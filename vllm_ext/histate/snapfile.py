@@ -117,6 +117,47 @@ def unpack_arrays(payload: bytes) -> dict[str, np.ndarray]:
         return {name: data[name] for name in data.files}
 
 
+def file_name(key: str) -> str:
+    """Name of ``key``'s file in its namespace folder."""
+    return hashlib.sha256(key.encode()).hexdigest()[:40] + SUFFIX
+
+
+def namespace_folder(directory: str | os.PathLike[str], namespace: str) -> Path:
+    """The folder holding ``namespace``'s files under ``directory``."""
+    return Path(directory) / f"ns-{namespace_id(namespace=namespace)}"
+
+
+def scan(directory: str | os.PathLike[str], namespace: str) -> dict[str, int]:
+    """Key -> payload bytes of the valid-looking files, read-only (headers only).
+
+    For a reader that does not own the files (the connector's scheduler half):
+    nothing is moved or deleted; the owning :class:`SnapshotStore` quarantines.
+    """
+    return _read_headers(namespace_folder(directory, namespace), namespace)[0]
+
+
+def _read_headers(root: Path, namespace: str) -> tuple[dict[str, int], list[tuple[Path, str]]]:
+    """(key -> payload bytes, [(bad file, why)]) of the files in ``root``."""
+    index: dict[str, int] = {}
+    bad: list[tuple[Path, str]] = []
+    for path in sorted(root.glob("*" + SUFFIX)):
+        try:
+            with open(path, "rb") as fh:
+                key, length, _ = read_header(fh, namespace)
+            size = path.stat().st_size
+        except CorruptSnapshot as exc:
+            bad.append((path, str(exc)))
+            continue
+        except OSError as exc:
+            logger.warning("HiState: skipping unreadable snapshot %s: %s", path, exc)
+            continue
+        if path.name != file_name(key) or size < length:
+            bad.append((path, "misnamed or truncated file"))
+            continue
+        index[key] = length
+    return index, bad
+
+
 class SnapshotStore:
     """Snapshot files of one namespace under ``directory``.
 
@@ -133,7 +174,7 @@ class SnapshotStore:
         counters: Counters | None = None,
     ):  # fmt: skip
         self.namespace = namespace
-        self.root = Path(directory) / f"ns-{namespace_id(namespace=namespace)}"
+        self.root = namespace_folder(directory, namespace)
         self.quarantine_dir = Path(directory) / QUARANTINE
         self.fsync = fsync
         self.counters = counters or new_counters()
@@ -170,7 +211,7 @@ class SnapshotStore:
 
     def path(self, key: str) -> Path:
         """File of ``key`` (whether or not it exists)."""
-        return self.root / (hashlib.sha256(key.encode()).hexdigest()[:40] + SUFFIX)
+        return self.root / file_name(key)
 
     def put(self, key: str, payload: bytes) -> bool:
         """Store ``payload`` durably under ``key``; False (counted) on any OS error."""
@@ -255,22 +296,9 @@ class SnapshotStore:
 
     def rebuild_index(self) -> dict[str, int]:
         """Re-read every header; quarantine bad files; key -> payload bytes."""
-        index: dict[str, int] = {}
-        for path in sorted(self.root.glob("*" + SUFFIX)):
-            try:
-                with open(path, "rb") as fh:
-                    key, length, _ = read_header(fh, self.namespace)
-                size = path.stat().st_size
-            except CorruptSnapshot as exc:
-                self._quarantine(path, None, str(exc))
-                continue
-            except OSError as exc:
-                logger.warning("HiState: skipping unreadable snapshot %s: %s", path, exc)
-                continue
-            if path != self.path(key) or size < length:
-                self._quarantine(path, None, "misnamed or truncated file")
-                continue
-            index[key] = length
+        index, bad = _read_headers(self.root, self.namespace)
+        for path, reason in bad:
+            self._quarantine(path, None, reason)
         with self._lock:
             self._index = index
         logger.info("HiState: %d snapshots found in %s", len(index), self.root)

@@ -9,9 +9,11 @@ tier has a capacity (SSD victims are then chosen by the same score); an
 evicted KV block is dropped (fast memory is for KV; a KV block is no use on a
 slow tier because a hit reads every matching block).
 
-Payloads are opaque bytes (the adapter serialises tensors). Without a
-:class:`~vllm_ext.histate.snapfile.SnapshotStore` the SSD tier only accounts
-bytes (the simulator), and with ``payloads=None`` neither tier keeps data.
+Payloads are opaque bytes. With ``keep_payloads=False`` and no
+:class:`~vllm_ext.histate.snapfile.SnapshotStore` the tiers are an index only:
+the simulator, and the connector's scheduler half, whose worker holds the
+bytes (:mod:`vllm_ext.histate.worker_store`) and applies the spills and
+evictions :meth:`TieredCache.store` returns.
 
 Thread safety: every public method takes one lock; SSD file writes and
 deletes run outside it, so a background store thread never blocks a lookup on
@@ -216,11 +218,16 @@ class TieredCache:
             code = self.ssd_store.write(key, data)
             if code == 0:
                 continue
-            with self._lock:
-                self.ssd.remove(key)
-                victims = self._shrink_ssd(len(data)) if code == errno.ENOSPC else []
-            for victim in victims:
+            for victim in self.write_failed(key, code, len(data)):
                 self.ssd_store.delete(victim.key)
+
+    def write_failed(self, key: str, code: int, nbytes: int) -> list[Item]:
+        """A spill of ``key`` was not written (errno ``code``): forget it; on ``ENOSPC``
+        also shrink the SSD tier (:meth:`_shrink_ssd`). Returns the victims, whose files
+        the caller deletes."""
+        with self._lock:
+            self.ssd.remove(key)
+            return self._shrink_ssd(nbytes) if code == errno.ENOSPC else []
 
     def _shrink_ssd(self, nbytes: int) -> list[Item]:
         """The disk refused ``nbytes`` more: cap the tier at what it holds, make room for that.
@@ -245,14 +252,22 @@ class TieredCache:
     def _adopt_ssd_files(self) -> None:
         """Register snapshot files found at start (a restart finds them again)."""
         assert self.ssd_store is not None
-        extra: list[str] = []
-        for key, nbytes in self.ssd_store.sizes().items():
-            if nbytes <= 0:
-                continue
-            ok, victims = self.ssd.insert(Item(key, Kind.SNAPSHOT, nbytes, 0.0))
-            extra.extend(v.key for v in victims)
-            if not ok:
-                extra.append(key)
-        for key in extra:
+        for key in self.adopt(self.ssd_store.sizes()):
             self.ssd_store.delete(key)
+
+    def adopt(self, sizes: dict[str, int]) -> list[str]:
+        """Put snapshot files found at start (key -> payload bytes) into the SSD tier.
+
+        Returns the keys that did not fit (the caller deletes their files).
+        """
+        extra: list[str] = []
+        with self._lock:
+            for key, nbytes in sizes.items():
+                if nbytes <= 0:
+                    continue
+                ok, victims = self.ssd.insert(Item(key, Kind.SNAPSHOT, nbytes, 0.0))
+                extra.extend(v.key for v in victims)
+                if not ok:
+                    extra.append(key)
         logger.info("HiState: adopted %d snapshot files into the SSD tier", len(self.ssd))
+        return extra
