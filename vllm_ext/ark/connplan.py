@@ -38,7 +38,11 @@ class _ChosenDestination:
 
 @dataclass
 class ConnectionPlan:
-    """The connections placed so far by one receiving instance and the ports they hold."""
+    """The connections placed so far and the ports they hold on ``local``.
+
+    ``placed`` may be shared by the plans of several receivers: each then sees the
+    others' connections as load (ports are only exclusive per receiver).
+    """
 
     local: str
     fabric: Fabric
@@ -53,7 +57,7 @@ class ConnectionPlan:
         view = _ChosenDestination(self.oracle)
         out: list[int] = []
         for _ in range(n):
-            taken = {t.port for t in self.placed}
+            taken = {t.port for t in self.placed if t.dst == self.local}
             free = [p for p in self.candidates if p not in taken]
             if not free:
                 break
