@@ -94,12 +94,12 @@ def pd(tmp_path_factory):
                                  _kv("NixlConnector", "kv_producer")],
                          env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
                               "UCX_TCP_PORT_RANGE": f"{first}-{last}"},
-                         log_path=logs / "prefill.log")  # fmt: skip
+                         log_path=logs / "prefill.log", startup_timeout_s=600)  # fmt: skip
     decode = VllmServer(model, [*common, "--kv-transfer-config",
                                 _kv("ArkNixlConnector", "kv_consumer")],
                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
                              "LD_PRELOAD": str(build())},
-                        log_path=logs / "decode.log")  # fmt: skip
+                        log_path=logs / "decode.log", startup_timeout_s=600)  # fmt: skip
     servers, errors = [prefill, decode], []
     starters = [threading.Thread(target=_start, args=(s, errors)) for s in servers]
     for t in starters:

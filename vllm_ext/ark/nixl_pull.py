@@ -5,7 +5,9 @@ seeded pattern, writes its agent metadata and the serialized descriptors to
 ``--meta`` and waits until ``--stop`` exists. ``pull``: a decode-side agent
 adds the remote agent (UCX connects to the serve side's listener here, so a
 preloaded ARK shim applies its ports now), READs the whole buffer into its own
-DRAM, checks the pattern and prints one JSON line (bytes, seconds, ok). Run
+DRAM, checks the pattern and prints one JSON line (bytes, seconds, ok); with
+``--go`` it first writes ``<meta>.ready`` and waits for that file, so several
+pulls start together. Run
 each in its host's network namespace (:mod:`.nixl_workload`); UCX over TCP
 (``UCX_TLS=tcp``), the listener port from ``UCX_TCP_PORT_RANGE``.
 """
@@ -65,6 +67,11 @@ def pull(args: argparse.Namespace) -> int:
     buf = np.zeros(args.bytes, dtype=np.uint8)
     agent.register_memory([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM")
     local = agent.get_xfer_descs([(buf.ctypes.data, buf.nbytes, 0)], "DRAM")
+    if args.go:  # start together with the other pulls: say we are ready, wait for the word
+        Path(args.meta + ".ready").touch()
+        deadline = time.monotonic() + args.timeout
+        while not Path(args.go).exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
     start = time.monotonic()
     peer = agent.add_remote_agent(base64.b64decode(meta["agent"]))
     remote = agent.deserialize_descs(base64.b64decode(meta["descs"]))
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--meta", required=True, help="metadata file (serve writes, pull reads)")
     parser.add_argument("--stop", default="", help="serve: exit once this file exists")
+    parser.add_argument("--go", default="", help="pull: start once this file exists")
     parser.add_argument("--bytes", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0)

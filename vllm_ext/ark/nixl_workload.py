@@ -71,13 +71,23 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, "UCX_TLS": "tcp", "UCX_NET_DEVICES": "eth0", **extra}
 
 
+def _wait_for(files: Sequence[Path], procs, deadline: float, what: str) -> None:
+    """Until every file exists; a clear error when an agent died or the time is up."""
+    while not all(f.exists() for f in files):
+        dead = [p for p in procs if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            tails = "; ".join(p.stderr.read().decode()[-500:] for p in dead)
+            raise RuntimeError(f"NIXL {what} agents did not get ready: {tails or 'timeout'}")
+        time.sleep(0.02)
+
+
 def run_pulls(fabric: LeafSpine, pairs, ports: Sequence[int], nbytes: int, shim: str,
               seed: int = 0, timeout_s: float = 300.0) -> dict:  # fmt: skip
     """All pairs pull ``nbytes`` at once; FCTs, per-spine bytes to leaf 1, shim counts."""
     mod = [sys.executable, "-m", "vllm_ext.ark.nixl_pull"]
     with tempfile.TemporaryDirectory(prefix="ark-nixl-") as tmp:
         stop = Path(tmp) / "stop"
-        servers = []
+        servers, pulls = [], []
         for i, (src, _) in enumerate(pairs):
             meta = Path(tmp) / f"meta{i}.json"
             servers.append(subprocess.Popen(
@@ -88,24 +98,21 @@ def run_pulls(fabric: LeafSpine, pairs, ports: Sequence[int], nbytes: int, shim:
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))  # fmt: skip
         try:
             deadline = time.monotonic() + timeout_s
-            while not all((Path(tmp) / f"meta{i}.json").exists() for i in range(len(pairs))):
-                if time.monotonic() > deadline or any(s.poll() is not None for s in servers):
-                    raise RuntimeError(
-                        "NIXL serve agents did not start: "
-                        + "; ".join(
-                            s.stderr.read().decode()[-500:] for s in servers if s.poll() is not None
-                        )
-                    )
-                time.sleep(0.1)
-            before = fabric.spine_tx_bytes()
+            metas = [Path(tmp) / f"meta{i}.json" for i in range(len(pairs))]
+            _wait_for(metas, servers, deadline, "serve")
+            go = Path(tmp) / "go"
             pulls = [subprocess.Popen(
                 ["ip", "netns", "exec", fabric.host(*dst), *mod, "pull", "--name", f"d{i}",
                  "--meta", str(Path(tmp) / f"meta{i}.json"), "--bytes", str(nbytes),
+                 "--go", str(go),
                  "--seed", str(seed + i), "--timeout", str(timeout_s)],
                 env=_env({"LD_PRELOAD": shim,
                           "ARK_SPORT_MAP": f"{host_ip(*src)}:{LISTENER}={port}"}),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 for i, ((src, dst), port) in enumerate(zip(pairs, ports, strict=True))]  # fmt: skip
+            _wait_for([m.with_suffix(".json.ready") for m in metas], pulls, deadline, "pull")
+            before = fabric.spine_tx_bytes()
+            go.touch()
             results = []
             for proc in pulls:
                 out, err = proc.communicate(timeout=timeout_s)
@@ -116,7 +123,7 @@ def run_pulls(fabric: LeafSpine, pairs, ports: Sequence[int], nbytes: int, shim:
             after = fabric.spine_tx_bytes()
         finally:
             stop.touch()
-            for proc in servers:
+            for proc in pulls + servers:
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:
