@@ -78,9 +78,11 @@ bench: bench-deps
 $(addprefix bench-,$(BENCH_SYSTEMS)): bench-%: bench-deps
 	$(PY) -m benchmarks.suite --full --system $*
 
-# ARK on a network-namespace leaf-spine (needs root): benchmarks/out/ark_testbed.json
+# ARK on a network-namespace leaf-spine (needs root): benchmarks/out/ark_testbed.json; then
+# NIXL pulls through the shim (ark_nixl_testbed.json; says skipped without nixl)
 ark-testbed: install
 	$(PY) -m benchmarks.ark.testbed
+	$(PY) -m benchmarks.ark.nixl_testbed
 
 # import-level check of every vLLM seam against another release (not part of `make test`):
 # a side venv .compat/$(VLLM) with that vLLM wheel, then docs/compat.md for every checked release

@@ -9,6 +9,11 @@
 // ephemeral port (counted). Entries come from ARK_SPORT_MAP at load time,
 // "10.0.0.1:47001=40001,40002;10.0.0.2:*=40003" ("*" = any destination port), or at run
 // time from ark_shim_set("10.0.0.1", 47001, 40001) (callable through ctypes.CDLL(None)).
+// ark_shim_exempt("10.0.0.1", 5600) keeps one destination (a control channel) on ephemeral
+// ports even where a wildcard entry covers its host. A port carries at most one live
+// connection of this process: ports are bound with SO_REUSEADDR (so TIME_WAIT does not
+// block them), which would otherwise let two connections to one destination share a port
+// and the second connect() fail with EADDRNOTAVAIL.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -38,6 +43,7 @@ static struct entry table[MAX_ENTRIES];
 static int n_entries;
 static int deferred_fd[MAX_DEFERRED];  // 1 + fd of sockets whose bind(ip, 0) was deferred
 static uint32_t deferred_ip[MAX_DEFERRED];
+static uint16_t live_port[MAX_DEFERRED];  // port the shim bound to each open fd, 0 = none
 static unsigned long applied, fallbacks;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int (*real_bind)(int, const struct sockaddr *, socklen_t);
@@ -75,6 +81,24 @@ int ark_shim_set(const char *dst_ip, int dst_port, int sport) {
   }
   pthread_mutex_unlock(&lock);
   return rc;
+}
+
+// Keep (dst_ip, dst_port) on ephemeral ports; returns 0, or -1 for bad input / full table.
+int ark_shim_exempt(const char *dst_ip, int dst_port) {
+  struct in_addr addr;
+  if (!dst_ip || inet_pton(AF_INET, dst_ip, &addr) != 1) return -1;
+  if (dst_port < 1 || dst_port > 65535) return -1;
+  pthread_mutex_lock(&lock);
+  struct entry *e = find(addr.s_addr, (uint16_t)dst_port, 1);
+  if (e) e->count = 0;
+  pthread_mutex_unlock(&lock);
+  return e ? 0 : -1;
+}
+
+static int port_live(uint16_t port) {  // called with lock held
+  for (int i = 0; i < MAX_DEFERRED; i++)
+    if (live_port[i] == port) return 1;
+  return 0;
 }
 
 void ark_shim_clear(void) {
@@ -152,9 +176,14 @@ static int apply(int fd, const struct sockaddr_in *dst, uint32_t src_ip, int def
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   for (int i = 0; i < count; i++) {
+    uint16_t port = ports[(start + i) % count];
     struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = src_ip};
-    src.sin_port = htons(ports[(start + i) % count]);
-    if (real_bind(fd, (struct sockaddr *)&src, sizeof(src)) == 0) {
+    src.sin_port = htons(port);
+    pthread_mutex_lock(&lock);
+    int ok = !port_live(port) && real_bind(fd, (struct sockaddr *)&src, sizeof(src)) == 0;
+    if (ok && fd >= 0 && fd < MAX_DEFERRED) live_port[fd] = port;
+    pthread_mutex_unlock(&lock);
+    if (ok) {
       __atomic_add_fetch(&applied, 1, __ATOMIC_RELAXED);
       return 1;
     }
@@ -193,6 +222,7 @@ int close(int fd) {
   if (fd >= 0 && fd < MAX_DEFERRED) {
     pthread_mutex_lock(&lock);
     deferred_fd[fd] = 0;
+    live_port[fd] = 0;
     pthread_mutex_unlock(&lock);
   }
   return real_close(fd);

@@ -21,55 +21,81 @@ pytestmark = [
     pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler"),
 ]
 
-# what the decode worker does: the hook runs, then the "handshake" opens one connection per
-# NIXL worker thread to the peer (as UCX does when the remote agent is added)
+# what the decode worker does: the hook runs, then the "handshake" asks the peer's side
+# channel (a control connection, kept ephemeral) and opens one connection per NIXL worker
+# thread to the peer's data listener (as UCX does when the remote agent is added); with a
+# path map the ports come from ARK's plan of the pull direction (data listener -> us)
 CHILD = textwrap.dedent("""
     import json, socket, subprocess, sys
-    from vllm_ext.ark.shim import PortHook
-    from vllm_ext.ark.shim import ShimPorts
-    port = int(sys.argv[1])
-    hook = PortHook(ShimPorts(), 41000, 64)
+    from vllm_ext.ark.connplan import ListenerPlans
+    from vllm_ext.ark.fabric import Fabric
+    from vllm_ext.ark.paths import LearnedMap
+    from vllm_ext.ark.shim import PortHook, ShimPorts
+    side, data, planned = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    plan = None
+    if planned:  # 2 spines; ports 41000.. alternate, so a plan takes 2 of each spine
+        paths = LearnedMap({("127.0.0.1", "10.9.0.1", data, p): (p // 3) % 2
+                            for p in range(41000, 41064)})
+        fabric = Fabric({"127.0.0.1": 0, "10.9.0.1": 1}, 2)
+        plans = ListenerPlans("10.9.0.1", fabric, paths, range(41000, 41064), [data])
+        plan = lambda peer: plans.ports(peer, 4)
+    hook = PortHook(ShimPorts(), 41000, 64, plan=plan)
     socks = []
-    def handshake(host, n):
-        for _ in range(n):
+    def handshake(host, port, n):
+        for dport in [port] + [data] * n:
             s = socket.socket()
             s.bind((host, 0))
-            s.connect((host, port))
+            s.connect((host, dport))
             socks.append(s)
         return len(socks)
-    wrapped = hook.wrap(handshake)
-    wrapped("127.0.0.1", 4)
-    ss = subprocess.run(["ss", "-Htn", "state", "established", f"dst 127.0.0.1:{port}"],
+    hook.wrap(handshake)("127.0.0.1", side, 4)
+    ss = subprocess.run(["ss", "-Htn", "state", "established", "dst", "127.0.0.1"],
                         capture_output=True, text=True).stdout
-    print(json.dumps({"ports": hook.ports_for("127.0.0.1"), "ss": ss,
+    conns = [(int(l.split()[2].rsplit(":", 1)[1]), int(l.split()[3].rsplit(":", 1)[1]))
+             for l in ss.splitlines() if int(l.split()[3].rsplit(":", 1)[1]) in (side, data)]
+    print(json.dumps({"ports": hook.ports_for("127.0.0.1"), "conns": conns,
                       "applied": hook.shim.applied(), "available": hook.shim.available,
                       "warned": hook.warned}))
 """)
 
 
-def _run(preload: bool) -> dict:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
+def _run(preload: bool, planned: bool = False) -> dict:
+    servers = [socket.socket(), socket.socket()]
+    for server in servers:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+    side, data = (s.getsockname()[1] for s in servers)
     env = {"PYTHONPATH": ":".join(sys.path), "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
     if preload:
         env["LD_PRELOAD"] = str(build())
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD, str(server.getsockname()[1])],
+        out = subprocess.run([sys.executable, "-c", CHILD, str(side), str(data), str(int(planned))],
                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     finally:
-        server.close()
+        for server in servers:
+            server.close()
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got["side"], got["data"] = side, data
+    return got
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
 def test_registered_ports_carry_every_connection_of_the_pair_on_the_wire():
     got = _run(preload=True)
-    local = sorted(int(line.split()[2].rsplit(":", 1)[1]) for line in got["ss"].splitlines())
+    data = sorted(local for local, remote in got["conns"] if remote == got["data"])
+    (side,) = [local for local, remote in got["conns"] if remote == got["side"]]
     assert got["available"] and not got["warned"]
-    assert local == sorted(got["ports"]) and len(set(local)) == 4
-    assert got["applied"] == 4
+    assert data == sorted(got["ports"]["0"]) and len(set(data)) == 4  # "0": any dst port
+    assert side not in range(41000, 41064) and got["applied"] == 4  # control: ephemeral
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_planned_ports_from_the_path_map_carry_the_connections():
+    got = _run(preload=True, planned=True)
+    data = sorted(local for local, remote in got["conns"] if remote == got["data"])
+    assert data == sorted(got["ports"][str(got["data"])]) and got["applied"] == 4
+    assert sorted((p // 3) % 2 for p in data) == [0, 0, 1, 1]  # 2 connections per spine
 
 
 def test_without_the_shim_nothing_is_applied_and_it_warns():

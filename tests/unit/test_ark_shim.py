@@ -114,3 +114,40 @@ def test_other_destinations_are_untouched(shim, listener):
 
 def test_build_reuses_the_cached_library(shim):
     assert build(cache=shim.parent) == shim
+
+
+OPEN_CHILD = textwrap.dedent("""
+    import ctypes, json, socket, sys
+    lib = ctypes.CDLL(None)
+    lib.ark_shim_applied.restype = lib.ark_shim_fallbacks.restype = ctypes.c_ulong
+    port, exempt = int(sys.argv[1]), int(sys.argv[2])
+    assert lib.ark_shim_exempt(b"127.0.0.1", exempt) == 0
+    assert lib.ark_shim_exempt(b"127.0.0.1", 0) == -1 and lib.ark_shim_exempt(b"x", 1) == -1
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks[:2]:  # both open at once, one port listed: the second must not share it
+        s.connect(("127.0.0.1", port))
+    socks[2].connect(("127.0.0.1", exempt))
+    print(json.dumps({"local": [s.getsockname()[1] for s in socks],
+                      "applied": lib.ark_shim_applied(), "fallbacks": lib.ark_shim_fallbacks()}))
+""")
+
+
+def test_a_port_carries_one_live_connection_and_exempt_destinations_stay_ephemeral(shim):
+    servers = [socket.socket(), socket.socket()]
+    for server in servers:
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+    port, exempt = (s.getsockname()[1] for s in servers)
+    (a,) = _free_ports(1)
+    env = {**os.environ, "LD_PRELOAD": str(shim), "ARK_SPORT_MAP": f"127.0.0.1:*={a}"}
+    try:
+        proc = subprocess.run([sys.executable, "-c", OPEN_CHILD, str(port), str(exempt)], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        for server in servers:
+            server.close()
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    first, second, control = got["local"]
+    assert first == a and second != a and control != a
+    assert (got["applied"], got["fallbacks"]) == (1, 1)

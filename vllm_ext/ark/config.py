@@ -43,6 +43,12 @@ class ArkConfig:
     link_gbps: float = option(
         25.0, doc="prefill side: rate used to estimate a transfer's end in announcements (> 0)"
     )
+    nixl_listener_ports: str | None = option(
+        None,
+        doc="decode side with ArkNixlConnector: the prefill instances' UCX TCP listener ports, "
+        "'first-last' (their UCX_TCP_PORT_RANGE, at most 16 ports); with fabric_file each "
+        "NIXL connection's port is planned from the path map; None: per-peer candidate ports",
+    )
     load_timeout_s: float = option(
         30.0,
         doc="decode side: give up waiting for a transfer's KV after this long "
@@ -66,6 +72,9 @@ class ArkConfig:
             parse_endpoint(peer)
         if self.min_bytes < 0:
             raise ConfigError(f"ArkConfig.min_bytes must be >= 0, got {self.min_bytes}")
+        if self.nixl_listener_ports is not None and not 1 <= len(self.listener_ports) <= 16:
+            raise ConfigError(f"ArkConfig.nixl_listener_ports: {self.nixl_listener_ports!r} "
+                              "names more than 16 ports")  # fmt: skip
         for name in ("link_gbps", "load_timeout_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
@@ -74,6 +83,23 @@ class ArkConfig:
     @property
     def candidates(self) -> tuple[int, ...]:
         return tuple(range(self.port_base, self.port_base + self.port_count))
+
+    @property
+    def listener_ports(self) -> tuple[int, ...]:
+        """The ports of ``nixl_listener_ports`` (empty when unset)."""
+        if self.nixl_listener_ports is None:
+            return ()
+        return parse_port_range(self.nixl_listener_ports)
+
+
+def parse_port_range(text: str) -> tuple[int, ...]:
+    """``"47000-47003"`` or ``"47000"`` -> the ports; a clear error otherwise."""
+    first, _, last = text.strip().partition("-")
+    if not first.isdigit() or (last and not last.isdigit()) \
+            or not 1 <= int(first) <= int(last or first) <= 65535:  # fmt: skip
+        raise ConfigError(f"ArkConfig.nixl_listener_ports: {text!r} is not 'port' or "
+                          "'first-last' with 1 <= first <= last <= 65535")  # fmt: skip
+    return tuple(range(int(first), int(last or first) + 1))
 
 
 def _check_port(name: str, value: int) -> None:

@@ -10,6 +10,12 @@ list over them). In pull mode the KV flows prefill listener -> this port, so the
 port picks the flow's 5-tuple. Honoured per connection: UCX keeps a connection per
 agent pair for the instance's life, so this is per peer, not per transfer.
 
+With ``fabric_file`` and ``nixl_listener_ports`` (the prefill instances'
+``UCX_TCP_PORT_RANGE``) the ports are planned from the probed path map of the KV
+direction (:class:`vllm_ext.ark.connplan.ListenerPlans`); otherwise each peer gets
+a slice of the candidate range. The handshake's own ZMQ connection keeps an
+ephemeral port.
+
 Run the decode instance with ``LD_PRELOAD=$(python -c 'from vllm_ext.ark.shim import
 build; print(build())')``; without it nothing is applied and a warning says so.
 """
@@ -21,11 +27,28 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
 
-from vllm_ext.ark.config import SYSTEM, load_ark_config
+from vllm_ext.ark.config import SYSTEM, ArkConfig, load_ark_config
+from vllm_ext.ark.connplan import ListenerPlans
+from vllm_ext.ark.paths import load_fabric_file
 from vllm_ext.ark.shim import NIXL_THREADS, PortHook, ShimPorts
+from vllm_ext.common.config import ConfigError
+from vllm_ext.common.log import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+logger = get_logger(__name__)
+
+
+def listener_plans(cfg: ArkConfig) -> ListenerPlans | None:
+    """The path-map plan of ``cfg``, or None without ``fabric_file`` / listener ports."""
+    if cfg.fabric_file is None or not cfg.listener_ports:
+        return None
+    try:
+        fabric, paths = load_fabric_file(cfg.fabric_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"ArkConfig.fabric_file {cfg.fabric_file!r}: {exc}") from exc
+    return ListenerPlans(cfg.host, fabric, paths, cfg.candidates, cfg.listener_ports)
 
 
 class ArkNixlConnector(NixlPullConnector):
@@ -36,7 +59,20 @@ class ArkNixlConnector(NixlPullConnector):
         if role == KVConnectorRole.WORKER and self.connector_worker is not None:
             additional = getattr(vllm_config, "additional_config", None) or {}
             cfg = load_ark_config(additional.get(SYSTEM))
-            hook = PortHook(ShimPorts(), cfg.port_base, cfg.port_count, NIXL_THREADS)
+            plans = listener_plans(cfg)
+            hook = PortHook(ShimPorts(), cfg.port_base, cfg.port_count, NIXL_THREADS,
+                            plan=None if plans is None else _logged(plans))  # fmt: skip
             worker = self.connector_worker
             # per instance, so vLLM's class stays untouched
             worker._nixl_handshake = hook.wrap(worker._nixl_handshake)
+
+
+def _logged(plans: ListenerPlans):
+    def plan(peer: str) -> dict[int, list[int]]:
+        ports = plans.ports(peer, NIXL_THREADS)
+        planned, kept = plans.counts()
+        logger.info("ARK: NIXL ports for %s per listener port %s (planned %d, kept %d)",
+                    peer, ports, planned, kept)  # fmt: skip
+        return ports
+
+    return plan

@@ -5,10 +5,13 @@ For each completion request: a transfer id, then the prefill instance with
 "transfer_id", "remote_host", "remote_port"}`` (the decode instance's KV
 listener), then the decode instance with the original body and
 ``{"do_remote_prefill": true, "transfer_id"}``; the decode answer goes back to
-the client. Non-streaming requests only. Other paths go to the decode instance.
+the client. With ``--nixl`` (vLLM's NIXL connector, or ``ArkNixlConnector``) the
+prefill request asks ``{"do_remote_decode": true}`` and the ``kv_transfer_params``
+of its answer (where the decode side pulls the KV from) go to the decode request
+as they are. Non-streaming requests only. Other paths go to the decode instance.
 
 Run: ``python -m vllm_ext.ark.proxy --prefill http://P:8000 --decode http://D:8001
---decode-kv 10.0.1.5:7100 --port 9000``.
+--decode-kv 10.0.1.5:7100 --port 9000`` (or ``--nixl`` instead of ``--decode-kv``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,15 @@ def _post(url: str, body: dict, timeout: float) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def make_handler(prefill: str, decode: str, decode_kv: tuple[str, int], timeout: float = 600.0):
+# what vLLM's NIXL connector expects of a prefill request that a decode instance will pull
+NIXL_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+
+
+def make_handler(prefill: str, decode: str, decode_kv: tuple[str, int] | None,
+                 timeout: float = 600.0):  # fmt: skip
+    """Handler class; ``decode_kv=None`` selects the NIXL protocol."""
+
     class Handler(BaseHTTPRequestHandler):
         def _reply(self, status: int, data: bytes) -> None:
             self.send_response(status)
@@ -53,16 +64,23 @@ def make_handler(prefill: str, decode: str, decode_kv: tuple[str, int], timeout:
             if self.path not in ROUTES or body.get("stream"):
                 return self._reply(400, b'{"error": "only non-streaming completions"}')
             transfer_id = uuid.uuid4().hex
-            first = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": {
-                "do_remote_decode": True, "transfer_id": transfer_id,
-                "remote_host": decode_kv[0], "remote_port": decode_kv[1]}}  # fmt: skip
+            if decode_kv is None:
+                params = dict(NIXL_PREFILL)
+            else:
+                params = {"do_remote_decode": True, "transfer_id": transfer_id,
+                          "remote_host": decode_kv[0], "remote_port": decode_kv[1]}  # fmt: skip
+            first = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
             first.pop("max_completion_tokens", None)
             status, data = _post(prefill + self.path, first, timeout)
             if status != 200:
                 return self._reply(status, data)
-            second = {**body, "kv_transfer_params": {"do_remote_prefill": True,
-                                                     "transfer_id": transfer_id}}  # fmt: skip
-            self._reply(*_post(decode + self.path, second, timeout))
+            if decode_kv is None:
+                remote = json.loads(data).get("kv_transfer_params")
+                if not isinstance(remote, dict):
+                    return self._reply(502, b'{"error": "no kv_transfer_params from prefill"}')
+            else:
+                remote = {"do_remote_prefill": True, "transfer_id": transfer_id}
+            self._reply(*_post(decode + self.path, {**body, "kv_transfer_params": remote}, timeout))
 
         def do_GET(self) -> None:
             try:
@@ -78,7 +96,7 @@ def make_handler(prefill: str, decode: str, decode_kv: tuple[str, int], timeout:
 
 
 def serve(host: str, port: int, prefill: str, decode: str,
-          decode_kv: tuple[str, int]) -> ThreadingHTTPServer:  # fmt: skip
+          decode_kv: tuple[str, int] | None) -> ThreadingHTTPServer:  # fmt: skip
     """A started-on-demand server (call ``serve_forever``; ``server_address`` has the port)."""
     return ThreadingHTTPServer((host, port), make_handler(prefill, decode, decode_kv))
 
@@ -87,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prefill", required=True, help="prefill server URL")
     parser.add_argument("--decode", required=True, help="decode server URL")
-    parser.add_argument("--decode-kv", required=True, help="decode KV listener host:port")
+    kv = parser.add_mutually_exclusive_group(required=True)
+    kv.add_argument("--decode-kv", help="ArkConnector: decode KV listener host:port")
+    kv.add_argument("--nixl", action="store_true", help="NIXL connector protocol")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9000)
     args = parser.parse_args(argv)
     server = serve(args.host, args.port, args.prefill.rstrip("/"), args.decode.rstrip("/"),
-                   parse_endpoint(args.decode_kv))  # fmt: skip
+                   None if args.nixl else parse_endpoint(args.decode_kv))  # fmt: skip
     server.serve_forever()
     return 0
 

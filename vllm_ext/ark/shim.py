@@ -15,7 +15,9 @@ import functools
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from vllm_ext.common.log import get_logger
@@ -90,6 +92,10 @@ class ShimPorts:
             self._done.add((dst_ip, dst_port))
         return ok
 
+    def exempt(self, dst_ip: str, dst_port: int) -> bool:
+        """Keep ``(dst_ip, dst_port)`` (a control channel) on ephemeral ports."""
+        return self.available and self._lib.ark_shim_exempt(dst_ip.encode(), dst_port) == 0
+
     def applied(self) -> int:
         return int(self._lib.ark_shim_applied()) if self.available else 0
 
@@ -112,19 +118,43 @@ def peer_ports(peer: str, port_base: int, port_count: int, per_peer: int) -> lis
 
 
 class PortHook:
-    """Registers a peer's port list with the shim before the wrapped handshake runs."""
+    """Registers a peer's ports with the shim before the wrapped handshake runs.
+
+    ``plan(ip)`` gives ``{destination port: ports}`` for the peer's connections
+    (ARK's path-map plan, :class:`vllm_ext.ark.connplan.ListenerPlans`); without
+    it every connection to the peer takes one of :func:`peer_ports`.
+    """
 
     def __init__(self, shim: ShimPorts, port_base: int, port_count: int,
-                 per_peer: int = NIXL_THREADS) -> None:  # fmt: skip
+                 per_peer: int = NIXL_THREADS,
+                 plan: Callable[[str], dict[int, list[int]]] | None = None) -> None:  # fmt: skip
         self.shim, self.port_base, self.port_count, self.per_peer = (
             shim, port_base, port_count, per_peer)  # fmt: skip
+        self.plan = plan
         self.warned = False
+        self._entries: dict[str, dict[int, list[int]]] = {}
 
-    def ports_for(self, host: str) -> list[int]:
-        return peer_ports(host, self.port_base, self.port_count, self.per_peer)
+    def ports_for(self, host: str) -> dict[int, list[int]]:
+        """The peer's ports, planned once (a repeated handshake keeps them)."""
+        if host not in self._entries:
+            if self.plan is not None:
+                self._entries[host] = self.plan(host)
+            else:
+                ports = peer_ports(host, self.port_base, self.port_count, self.per_peer)
+                self._entries[host] = {ANY_PORT: ports}
+        return self._entries[host]
 
-    def before_handshake(self, host: str) -> bool:
-        ok = self.shim.register(host, self.ports_for(host))
+    def before_handshake(self, host: str, side_channel_port: int | None = None) -> bool:
+        try:  # vLLM's side-channel host may be a name ("localhost"); the shim keys on IPv4
+            ip = socket.gethostbyname(host)
+        except OSError:
+            ip = host
+        if side_channel_port:  # the handshake's own ZMQ connection carries no KV
+            self.shim.exempt(ip, side_channel_port)
+        entries = self.ports_for(ip)
+        ok = bool(entries) and all(
+            self.shim.register(ip, ports, dport) for dport, ports in entries.items() if ports
+        )
         if not ok and not self.warned:
             self.warned = True
             logger.warning("ARK: shim not preloaded (LD_PRELOAD) or refused ports for %s: "
@@ -133,8 +163,8 @@ class PortHook:
 
     def wrap(self, handshake):
         @functools.wraps(handshake)
-        def ported(host: str, *args, **kwargs):
-            self.before_handshake(host)
-            return handshake(host, *args, **kwargs)
+        def ported(host: str, port: int, *args, **kwargs):
+            self.before_handshake(host, port)
+            return handshake(host, port, *args, **kwargs)
 
         return ported

@@ -1,0 +1,172 @@
+"""vLLM P/D through NIXL with ARK-planned ports: a prefill ``vllm serve`` (vLLM's
+``NixlConnector``), a decode ``vllm serve`` (``ArkNixlConnector`` with the shim preloaded)
+and the ARK proxy in ``--nixl`` mode, KV in host memory (``kv_buffer_device=cpu``), UCX
+over TCP on loopback.
+
+Greedy completions through the proxy equal the prefill instance's own answers on random
+prompts; the decode worker's connections to the prefill side's UCX listener use exactly
+the ports ARK's plan took from the path map (4, one per NIXL worker thread, on 4 distinct
+spines of the map), and the KV bytes arrived on those connections (``ss``). Loopback has
+no spines: the path map stands in for a probed one (the decode instance is named
+``127.0.0.3`` in it), so this checks that planned ports reach the wire, not a path.
+Skips when ``nixl`` is not importable (not a dependency: docs/ark.md says how to add it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import SERVE_ARGS, server_env
+from vllm_ext.ark.config import load_ark_config
+from vllm_ext.ark.nixl import listener_plans
+from vllm_ext.ark.paths import LearnedMap, save_fabric_file
+from vllm_ext.ark.proxy import serve
+from vllm_ext.ark.shim import build
+from vllm_ext.assets import model_path
+from vllm_ext.serving import VllmServer, free_port
+
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("nixl") is None,
+        reason="nixl not installed (pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1)",
+    ),  # fmt: skip
+    pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)"),
+    pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler"),
+]
+
+PORT_BASE, PORT_COUNT, N_SPINES, DECODE_NAME = 42000, 16, 4, "127.0.0.3"
+
+
+def _listener_range() -> tuple[int, int]:
+    first = free_port()
+    return first, min(first + 3, 65535)
+
+
+def _fabric_file(path: Path, listeners: range) -> Path:
+    # each spine behind 4 of the 16 candidate ports, in a random order, per listener port
+    rng = np.random.default_rng(11)
+    paths = LearnedMap()
+    for listener in listeners:
+        spines = rng.permutation(np.repeat(np.arange(N_SPINES), PORT_COUNT // N_SPINES))
+        for port, spine in zip(range(PORT_BASE, PORT_BASE + PORT_COUNT), spines, strict=True):
+            paths.record("127.0.0.1", DECODE_NAME, listener, port, int(spine))
+    return save_fabric_file(path, {"127.0.0.1": 0, DECODE_NAME: 1}, N_SPINES, paths)
+
+
+def _kv(connector: str, role: str) -> str:
+    config = {"kv_connector": connector, "kv_role": role, "kv_buffer_device": "cpu"}
+    if connector == "ArkNixlConnector":
+        config["kv_connector_module_path"] = "vllm_ext.ark.nixl"
+    return json.dumps(config)
+
+
+@pytest.fixture(scope="module")
+def pd(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("ark-nixl")
+    first, last = _listener_range()
+    fabric = _fabric_file(logs / "fabric.json", range(first, last + 1))
+    ark = {"host": DECODE_NAME, "port_base": PORT_BASE, "port_count": PORT_COUNT,
+           "nixl_listener_ports": f"{first}-{last}", "fabric_file": str(fabric)}  # fmt: skip
+    nixl_dir = str(Path(importlib.util.find_spec("nixl").origin).parents[1])
+    # two servers on 2 cores: one unpinned OpenMP thread each; UCX over TCP only (on one
+    # host it would pick shared memory), NIXL's side channel on IPv4 loopback; the worker in
+    # its own process (with the tests' in-process engine core, the prefill server hung in
+    # NIXL's worker init on this build)
+    env = {**server_env(), "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+           "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
+           "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], nixl_dir])
+    common = [*SERVE_ARGS, "--served-model-name", "smollm2", "--dtype", "float32",
+              "--additional-config", json.dumps({"ark": ark})]  # fmt: skip
+    model = str(model_path("smollm2"))
+    prefill = VllmServer(model, [*common, "--kv-transfer-config",
+                                 _kv("NixlConnector", "kv_producer")],
+                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                              "UCX_TCP_PORT_RANGE": f"{first}-{last}"},
+                         log_path=logs / "prefill.log", startup_timeout_s=600)  # fmt: skip
+    decode = VllmServer(model, [*common, "--kv-transfer-config",
+                                _kv("ArkNixlConnector", "kv_consumer")],
+                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                             "LD_PRELOAD": str(build())},
+                        log_path=logs / "decode.log", startup_timeout_s=600)  # fmt: skip
+    servers, errors = [prefill, decode], []
+    starters = [threading.Thread(target=_start, args=(s, errors)) for s in servers]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join()
+    proxy = None
+    try:
+        if errors:
+            raise errors[0]
+        proxy = serve("127.0.0.1", 0, prefill.base_url, decode.base_url, None)
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        yield prefill, decode, f"http://127.0.0.1:{proxy.server_address[1]}", ark, logs
+    finally:
+        if proxy is not None:
+            proxy.shutdown()
+            proxy.server_close()
+        for server in servers:
+            server.stop()
+
+
+def _start(server: VllmServer, errors: list) -> None:
+    try:
+        server.start()
+    except Exception as exc:  # re-raised by the fixture, after both servers are stopped
+        errors.append(exc)
+
+
+def _complete(url: str, prompt) -> list[str]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0)
+    reply = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8,
+                                      temperature=0, logprobs=1)  # fmt: skip
+    return reply.choices[0].logprobs.tokens
+
+
+def _connections(listeners: range) -> list[tuple[int, int, int]]:
+    """(local port, remote port, bytes received) of established TCP connections to them."""
+    out = subprocess.run(["ss", "-Htni", "state", "established", "dst", "127.0.0.1"],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    conns = []
+    for head, info, _ in re.findall(r"^(\S.*)\n((\s.*)?)$", out, re.MULTILINE):
+        local, remote = (int(f.rsplit(":", 1)[1]) for f in head.split()[2:4])
+        got = re.search(r"bytes_received:(\d+)", info)
+        if remote in listeners:
+            conns.append((local, remote, int(got.group(1)) if got else 0))
+    return conns
+
+
+def test_pd_through_nixl_equals_one_instance_on_planned_ports(pd):
+    prefill, _, proxy, ark, _ = pd
+    rng = np.random.default_rng(17)
+    prompts = [rng.integers(100, 40000, size=int(n)).tolist() for n in rng.integers(20, 300, 3)]
+    for prompt in prompts:
+        assert _complete(proxy, prompt) == _complete(prefill.base_url, prompt)
+    first, last = (int(p) for p in ark["nixl_listener_ports"].split("-"))
+    conns = _connections(range(first, last + 1))
+    candidates = range(PORT_BASE, PORT_BASE + PORT_COUNT)
+    ours = [c for c in conns if c[0] in candidates]  # the decode side's ends
+    assert ours, conns
+    (listener,) = {remote for _, remote, _ in ours}
+    # the plan the decode worker made, recomputed from the same config and path map
+    plans = listener_plans(load_ark_config(ark))
+    expected = plans.ports("127.0.0.1", 4)[listener]
+    assert sorted(local for local, _, _ in ours) == sorted(expected)
+    assert len({plans.plans[listener].spines()[p] for p in expected}) == 4
+    # the KV (SmolLM2, float32: 30 layers x 2 x 3 x 64 x 4 bytes = 46 KB per token) came in
+    # on planned ports
+    assert sum(nbytes for _, _, nbytes in ours) > 20 * 46_080
