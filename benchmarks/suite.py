@@ -251,14 +251,14 @@ SUITE: tuple[Entry, ...] = (
             f"quality --checkpoint kl256={_ACCT_CK}/ck_kl:256 --checkpoint "
             f"ridge256={_ACCT_CK}/ck_ridge:256 --checkpoint kl={_ACCT_CK}/ck_kl "
             f"--checkpoint ridge={_ACCT_CK}/ck_ridge --windows 2 --context 1024 "
-            "--continuation 64 --needles 10"
+            "--continuation 64 --needles 8"
         ),
         # the identity import needs no trained checkpoint: the chain end to end
         quick=_args("quality --checkpoint id=identity --windows 1 --context 512 --continuation 32"),
         goal=Goal("<=", 1.01),
         minutes=(1, 10),
         min_rounds=1,  # deterministic: no timing
-        note="2 windows + 10 needles of 1024 tokens (load average 20-28 on 2 cores)",
+        note="2 windows + 8 needles of 1024 tokens (load average 20-28 on 2 cores)",
     ),
     Entry(
         system="acct",
