@@ -270,7 +270,7 @@ SUITE: tuple[Entry, ...] = (
         minutes=(1, 15),
         headline=False,
         min_rounds=1,  # deterministic: no timing
-        note="promoted at 1024 tokens, 3 training and 2 held-out windows (the shared 2 cores)",
+        note="promoted with 3 training + 2 held-out windows, 32-token continuation (shared cores)",
     ),
     Entry(
         system="ark",
