@@ -240,7 +240,6 @@ SUITE: tuple[Entry, ...] = (
         quick=_args("speed --contexts 512,1024 --rounds 1"),
         goal=Goal(">=", 6.5),
         minutes=(0.5, 25),
-        note="the promoted run stops at 4096 tokens: 8192 did not finish on the shared 2 cores",
     ),
     Entry(
         system="acct",
