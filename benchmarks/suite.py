@@ -240,24 +240,24 @@ SUITE: tuple[Entry, ...] = (
         quick=_args("speed --contexts 512,1024 --rounds 1"),
         goal=Goal(">=", 6.5),
         minutes=(0.5, 25),
-        note="the promoted run was stopped after 1024 tokens (load average 20-28 on 2 cores)",
     ),
     Entry(
         system="acct",
         name="acct_quality",
         module="benchmarks.acct",
-        # the checkpoint: `python -m vllm_ext.acct train --steps 0` (docs/acct.md, Results)
+        # the checkpoints: `python -m vllm_ext.acct train` (docs/acct.md, Results)
         full=_args(
-            f"quality --checkpoint ridge64={_ACCT_CK}/ck_ridge:64 --checkpoint "
-            f"ridge256={_ACCT_CK}/ck_ridge:256 --checkpoint ridge={_ACCT_CK}/ck_ridge "
-            "--windows 2 --context 1024 --continuation 64"
+            f"quality --checkpoint kl256={_ACCT_CK}/ck_kl:256 --checkpoint "
+            f"ridge256={_ACCT_CK}/ck_ridge:256 --checkpoint kl={_ACCT_CK}/ck_kl "
+            f"--checkpoint ridge={_ACCT_CK}/ck_ridge --windows 2 --context 1024 "
+            "--continuation 64 --needles 8"
         ),
         # the identity import needs no trained checkpoint: the chain end to end
         quick=_args("quality --checkpoint id=identity --windows 1 --context 512 --continuation 32"),
         goal=Goal("<=", 1.01),
         minutes=(1, 10),
         min_rounds=1,  # deterministic: no timing
-        note="2 windows of 1024 tokens (the load average of 20-28 left no time for 6 of 1536)",
+        note="2 windows + 8 needles of 1024 tokens (load average 20-28 on 2 cores)",
     ),
     Entry(
         system="acct",
@@ -269,6 +269,7 @@ SUITE: tuple[Entry, ...] = (
         minutes=(1, 15),
         headline=False,
         min_rounds=1,  # deterministic: no timing
+        note="promoted with 3 training + 2 held-out windows, 32-token continuation (shared cores)",
     ),
     Entry(
         system="ark",

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     quality.add_argument("--windows", type=int, default=8)
     quality.add_argument("--context", type=int, default=1536)
     quality.add_argument("--continuation", type=int, default=256)
+    quality.add_argument("--needles", type=int, default=0, help="needle/QA exact-match items")
     quality.add_argument(
         "--write-gate",
         action="append",
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
         checkpoints = dict(item.split("=", 1) for item in args.checkpoint)
         result = run(model_dir, checkpoints, args.windows, args.context, args.continuation,
-                     progress)  # fmt: skip
+                     progress, args.needles)  # fmt: skip
         from benchmarks.acct.quality import gate_of
         from vllm_ext.acct.checkpoint import write_gate
 

@@ -92,8 +92,11 @@ def _result(model_dir, per_window, fractions, budgets, context, continuation, tr
         series[policy] = []
         for f in fractions:
             values = [w[f"{policy}@{f}"] for w in per_window]
-            point = {"kept": mean(f"kept@{policy}@{f}"), "nll": statistics.fmean(values),
-                     "nll_min": min(values), "nll_max": max(values)}  # fmt: skip
+            # the axis is the budget (shared by every policy, so the plot's categories line up);
+            # the share each policy really kept (budgets round per head) is its own column
+            point = {"kept": f, "kept_measured": mean(f"kept@{policy}@{f}"),
+                     "nll": statistics.fmean(values), "nll_min": min(values),
+                     "nll_max": max(values)}  # fmt: skip
             series[policy].append(point)
             variants.setdefault(policy, {})[f"nll_{f}"] = point["nll"]
     head = 0.25 if 0.25 in fractions else fractions[0]

@@ -28,6 +28,7 @@ from transformers import AutoTokenizer
 from vllm_ext.acct.checkpoint import load_pipeline
 from vllm_ext.acct.data import eval_windows
 from vllm_ext.acct.llama import TorchLlama
+from vllm_ext.acct.needle import exact_match, needle_set, score_needles
 from vllm_ext.acct.quality import equal_compute_tokens, gate_report, score_variants
 from vllm_ext.bench import BenchResult, collect_fingerprint, headline_from_rounds
 
@@ -44,14 +45,15 @@ def gate_of(result: BenchResult, name: str, max_delta_nll: float, min_top1: floa
 
 
 def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
-        continuation: int, progress=print) -> BenchResult:  # fmt: skip
+        continuation: int, progress=print, needles: int = 0) -> BenchResult:  # fmt: skip
     torch.set_num_threads(1)
     target = TorchLlama.from_pretrained(model_dir)
     pipelines = {}
     for name, spec in checkpoints.items():
         path, _, tail = spec.partition(":")
         pipelines[name] = load_pipeline(path, model_dir, target, int(tail) if tail else None)[0]
-    data = eval_windows(AutoTokenizer.from_pretrained(model_dir), context, continuation, windows)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    data = eval_windows(tokenizer, context, continuation, windows)
     per_window = []
     for i, window in enumerate(data):
         scores = score_variants(target, window, pipelines)
@@ -66,6 +68,7 @@ def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
             row[metric] = statistics.fmean(values)
             row[f"{metric}_min"], row[f"{metric}_max"] = min(values), max(values)
         variants[name] = row
+    needle_rows = _needles(target, tokenizer, pipelines, context, needles, variants, progress)
     first = next(iter(checkpoints))
     keep = equal_compute_tokens(pipelines[first], context)
     truncated = variants[f"truncated:{keep}"]["nll"]
@@ -97,6 +100,33 @@ def run(model_dir, checkpoints: dict[str, str], windows: int, context: int,
             "tail_tokens": {n: p.tail_tokens for n, p in pipelines.items()},
             "window_ids": [w.conversation_id for w in data],
             "per_window": per_window,
+            "needles": needle_rows,
         },  # fmt: skip
         plot_metric="nll",
     )
+
+
+def _needles(target, tokenizer, pipelines, context, count, variants, progress) -> list[dict]:
+    """Score the needle set; adds ``needle_exact_match`` to every variant in ``variants``."""
+    if count <= 0:
+        return []
+    items = needle_set(tokenizer, context, count)
+    keep = {n: equal_compute_tokens(p, context) for n, p in pipelines.items()}
+
+    def done(i, row):
+        for name, ids in row["answers"].items():
+            text = tokenizer.decode(ids)
+            row["answers"][name] = {"text": text, "exact": exact_match(text, row["code"])}
+        marks = ", ".join(
+            f"{n} {'ok' if a['exact'] else 'miss'}" for n, a in row["answers"].items()
+        )
+        progress(f"needle {i + 1}/{len(items)} (code {row['code']} at {row['depth']}): {marks}")
+
+    rows = score_needles(target, pipelines, items, keep, progress=done)
+    for name, row in variants.items():
+        row["needle_exact_match"] = statistics.fmean(r["answers"][name]["exact"] for r in rows)
+    for tokens in keep.values():
+        # how many needles truncation could see at all: those inside its last tokens
+        inside = [r["depth"] >= r["context"] - tokens for r in rows]
+        variants[f"truncated:{tokens}"]["needle_in_window"] = statistics.fmean(inside)
+    return rows

@@ -13,6 +13,7 @@ from vllm_ext.acct.converter import Converters
 from vllm_ext.acct.data import Window, split_of
 from vllm_ext.acct.gate import GateError, check_offline_gate, online_check
 from vllm_ext.acct.llama import TorchLlama
+from vllm_ext.acct.needle import exact_match, greedy_answer
 from vllm_ext.acct.pipeline import AcctPipeline, continuation_logits, own_prefill
 from vllm_ext.acct.quality import equal_compute_tokens, evaluate
 from vllm_ext.acct.train import Trainer, TrainSettings, ridge_init, teacher
@@ -257,3 +258,21 @@ def test_split_is_deterministic_and_holds_some_out():
     held = [i for i in ids if split_of(i) == "eval"]
     assert held == [i for i in ids if split_of(i) == "eval"]
     assert 100 < len(held) < 320
+
+
+def test_greedy_answer_over_a_cache_equals_greedy_over_the_whole_sequence(tiny):
+    _, _, model = tiny
+    context, question = _ids(24, 5), _ids(5, 6)
+    over_cache = greedy_answer(model, own_prefill(model, context), question, 24, 4)
+    alone = greedy_answer(model, None, torch.cat([context, question]), 0, 4)
+    assert over_cache == alone
+    ids = torch.cat([context, question])
+    for token in alone:  # one token at a time, the full forward's argmax
+        logits, _ = model.forward_with_cache(ids, torch.arange(ids.shape[0]))
+        assert int(logits[-1].argmax()) == token
+        ids = torch.cat([ids, torch.tensor([token])])
+
+
+def test_exact_match_reads_the_leading_number():
+    assert exact_match(" 4821.", "4821") and exact_match("4821 is", "4821")
+    assert not exact_match(" 48210", "4821") and not exact_match(" code 4821", "4821")

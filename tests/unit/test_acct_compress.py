@@ -91,5 +91,8 @@ def test_compressed_benchmark_runs_on_tiny_llama():
                             progress=lambda _: 0)  # fmt: skip
     assert result.name == "acct_compressed" and result.headline["rounds"] == 1
     assert set(result.series) == {"own", *compressed.POLICIES}
+    for points in result.series.values():  # one shared axis: the budgets asked for
+        assert [p["kept"] for p in points] == [0.25, 0.5]
+    assert all(0 < p["kept_measured"] <= 1 for p in result.series["random"])
     learned = result.config["learned_budgets"]["0.25"]
     assert math.isclose(sum(learned) / len(learned), 0.25, abs_tol=0.03)
