@@ -8,7 +8,7 @@ bits per weight count codebooks, scales and zero points:
 - ``bf16``: the unquantized model (the SmolLM2 asset is dequantized from a
   4-bit GGUF, so it already sits on a 4-bit grid: 4-bit numbers flatter RTN);
 - ``rtn<b>_row`` / ``rtn<b>_g128``: asymmetric round-to-nearest with one bf16
-  scale and zero per row / per 128 weights;
+  scale and zero per row (equal bits to VQ) / per 128 weights (``--rtn-groups``);
 - ``vq<b>_init``: layer-wise VQ, activation-weighted k-means (the TVQ init);
 - ``vq<b>_layerwise`` (headline width only): that init plus per-layer output
   matching of codebook and scales against the calibration Hessian (AQLM-style,
@@ -92,7 +92,7 @@ def run(args) -> BenchResult:
     log(f"bf16 {variants['bf16']}")
     bits_list = [int(b) for b in args.bits.split(",")]
     for bits in bits_list:
-        for group in (None, 128):
+        for group in [None if g == "row" else int(g) for g in args.rtn_groups.split(",")]:
             model = copy.deepcopy(teacher)
             baselines.apply_rtn(model, bits, group)
             name = f"rtn{bits}_{'row' if group is None else f'g{group}'}"
@@ -192,6 +192,7 @@ def main(argv=None) -> None:
     p.add_argument("--base", default="smollm2")
     p.add_argument("--bits", default="4,3,2")
     p.add_argument("--headline-bits", type=int, default=3)
+    p.add_argument("--rtn-groups", default="row,128", help="RTN scale groups: row and/or sizes")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--batch", type=int, default=2)

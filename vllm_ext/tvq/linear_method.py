@@ -25,7 +25,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ext.kernels.tvq_gemv import dequantize_shards, kernel_available, tvq_gemv
-from vllm_ext.tvq.config import TvqConfig
+from vllm_ext.tvq.config import TvqConfig, tvq_config
 from vllm_ext.tvq.format import METHOD, QuantFormat
 
 
@@ -36,7 +36,24 @@ class TvqQuantizationConfig(QuantizationConfig):
     def __init__(self, fmt: QuantFormat, runtime: TvqConfig | None = None) -> None:
         super().__init__()
         self.fmt = fmt
-        self.runtime = runtime or TvqConfig()
+        self._runtime = runtime
+
+    @property
+    def runtime(self) -> TvqConfig:
+        """The ``tvq`` block of ``--additional-config`` (+ ``VLLMEXT_TVQ_*``), read once.
+
+        vLLM builds this object from ``config.json`` before a ``VllmConfig``
+        exists, so the block is read when the first layer asks for its method:
+        that runs inside the loader's ``set_current_vllm_config``.
+        """
+        if self._runtime is None:
+            from vllm.config import get_current_vllm_config_or_none
+
+            from vllm_ext.common.systems import config_from_vllm
+
+            current = get_current_vllm_config_or_none()
+            self._runtime = config_from_vllm("tvq", current) if current else tvq_config()
+        return self._runtime
 
     def get_name(self) -> str:
         return METHOD
@@ -54,9 +71,7 @@ class TvqQuantizationConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TvqQuantizationConfig:
-        from vllm_ext.tvq.config import tvq_config
-
-        return cls(QuantFormat.from_dict(config), tvq_config())
+        return cls(QuantFormat.from_dict(config))
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if isinstance(layer, LinearBase):
