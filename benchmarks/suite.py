@@ -116,6 +116,7 @@ _LEAP_512 = "--max-tokens 512 --dtype float32 --calibration 512 --drift 32"
 _QUICK_TRACES = "tmp/histate_traces_quick"
 _REPEATS_NOTE = "the cited run had --repeats {}; 3 rounds now"
 _ACCT_CK = "~/.cache/vllm_ext/acct"
+_TVQ_QUICK_WORK = "benchmarks/out/quick/tvq_work"
 
 SUITE: tuple[Entry, ...] = (
     Entry(
@@ -288,6 +289,34 @@ SUITE: tuple[Entry, ...] = (
         quick=_args("--rounds 1 --requests 8"),
         goal=Goal("<=", 0.73),  # random/ARK >= 1.37
         minutes=(1, 10),
+    ),
+    Entry(
+        system="tvq",
+        name="tvq",
+        module="benchmarks.tvq.quality",
+        full=_args(
+            "--steps 32 --eval-every 16 --relookup-every 8 --eval-chunks 2 --refine-steps 8 "
+            "--rtn-groups row --export"
+        ),
+        quick=_args(
+            "--base tiny-llama --bits 3 --steps 2 --eval-every 1 --eval-chunks 1 --calib-chunks 1 "
+            f"--refine-steps 2 --rtn-groups row --export --work {_TVQ_QUICK_WORK}"
+        ),
+        goal=Goal("<=", 1 / 1.2),  # layer-wise VQ / TVQ perplexity >= 1.2 at 3 bits
+        minutes=(1.5, 60),
+        # deterministic (seeded init and training, fixed held-out tokens); one training run
+        # is most of an hour on the shared 2-core host
+        min_rounds=1,
+    ),
+    Entry(
+        system="tvq",
+        name="tvq_kernel",
+        module="benchmarks.tvq.decode",
+        # the checkpoint is the one the tvq entry above exports (it runs first)
+        full=_args("--ckpt benchmarks/out/tvq_work/tvq3/ckpt --rounds 3 --tokens 16"),
+        quick=_args(f"--ckpt {_TVQ_QUICK_WORK}/tvq3/ckpt --base tiny-llama --rounds 1 --tokens 8"),
+        goal=Goal(">=", 1.0),
+        minutes=(1.5, 15),
     ),
 )
 

@@ -122,8 +122,9 @@ def run(args) -> BenchResult:
             out = args.work / f"tvq{bits}"
             shutil.rmtree(out, ignore_errors=True)  # train() would resume a stale state.pt
             curve = train.train(teacher, trained, chunks, settings, out, held_out, args.eval_every)
-            row = {**init, "ppl": train.perplexity(trained, held_out), "steps": args.steps,
-                   "tokens": curve[-1]["tokens"]}  # fmt: skip
+            # the curve's last point is the trained model when --eval-every divides --steps
+            final = curve[-1].get("ppl") or train.perplexity(trained, held_out)
+            row = {**init, "ppl": final, "steps": args.steps, "tokens": curve[-1]["tokens"]}
             variants[f"tvq{bits}"] = row
             log(f"tvq{bits} {row}")
             points = [{"tokens": 0, "ppl": init["ppl"]}]
@@ -150,7 +151,7 @@ def run(args) -> BenchResult:
         series[name] = [{"tokens": 0, "ppl": flat}, {"tokens": last, "ppl": flat}]
     best_vq = min((f"vq{hb}_init", f"vq{hb}_layerwise"), key=lambda n: variants[n]["ppl"])
     headline = headline_from_rounds(
-        f"held-out ShareGPT perplexity of SmolLM2-135M, MLPs at {variants[best_vq]['bits']:.2f} "
+        f"held-out ShareGPT perplexity of {args.base}, MLPs at {variants[best_vq]['bits']:.2f} "
         f"bits/weight: TVQ ({variants[f'tvq{hb}']['tokens']} training tokens) vs layer-wise VQ",
         [variants[f"tvq{hb}"]["ppl"]],
         [variants[best_vq]["ppl"]],
