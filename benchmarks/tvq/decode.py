@@ -35,7 +35,7 @@ def _child(model: str, tokens: int, rounds: int, kernel_tokens: int) -> None:
 
     plugin.register()
     llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512,
-              max_num_seqs=1, seed=0,
+              max_num_seqs=1, seed=0, kv_cache_memory_bytes=256 << 20,
               additional_config={"tvq": {"max_kernel_tokens": kernel_tokens}})  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))
