@@ -295,8 +295,8 @@ SUITE: tuple[Entry, ...] = (
         name="tvq",
         module="benchmarks.tvq.quality",
         full=_args(
-            "--steps 32 --eval-every 16 --relookup-every 8 --eval-chunks 2 --refine-steps 8 "
-            "--rtn-groups row --export"
+            "--bits 3 --rtn-bits 4,3,2 --steps 24 --eval-every 12 --relookup-every 6 "
+            "--eval-chunks 2 --refine-steps 8 --rtn-groups row --export"
         ),
         quick=_args(
             "--base tiny-llama --bits 3 --steps 2 --eval-every 1 --eval-chunks 1 --calib-chunks 1 "

@@ -91,7 +91,8 @@ def run(args) -> BenchResult:
     variants: dict[str, dict] = {"bf16": {"ppl": train.perplexity(teacher, held_out), "bits": 16}}
     log(f"bf16 {variants['bf16']}")
     bits_list = [int(b) for b in args.bits.split(",")]
-    for bits in bits_list:
+    rtn_bits = [int(b) for b in (args.rtn_bits or args.bits).split(",")]
+    for bits in rtn_bits:
         for group in [None if g == "row" else int(g) for g in args.rtn_groups.split(",")]:
             model = copy.deepcopy(teacher)
             baselines.apply_rtn(model, bits, group)
@@ -192,6 +193,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="smollm2")
     p.add_argument("--bits", default="4,3,2")
+    p.add_argument("--rtn-bits", default=None, help="RTN widths (default: --bits)")
     p.add_argument("--headline-bits", type=int, default=3)
     p.add_argument("--rtn-groups", default="row,128", help="RTN scale groups: row and/or sizes")
     p.add_argument("--steps", type=int, default=100)
