@@ -295,8 +295,8 @@ SUITE: tuple[Entry, ...] = (
         name="tvq",
         module="benchmarks.tvq.quality",
         full=_args(
-            "--bits 3 --rtn-bits 4,3,2 --steps 24 --eval-every 12 --relookup-every 6 "
-            "--eval-chunks 2 --refine-steps 8 --rtn-groups row --export"
+            "--bits 3 --rtn-bits 4,3,2 --steps 12 --eval-every 6 --relookup-every 6 "
+            "--eval-chunks 2 --refine-steps 4 --rtn-groups row --export"
         ),
         quick=_args(
             "--base tiny-llama --bits 3 --steps 2 --eval-every 1 --eval-chunks 1 --calib-chunks 1 "
@@ -313,7 +313,12 @@ SUITE: tuple[Entry, ...] = (
         name="tvq_kernel",
         module="benchmarks.tvq.decode",
         # the checkpoint is the one the tvq entry above exports (it runs first)
-        full=_args("--ckpt benchmarks/out/tvq_work/tvq3/ckpt --rounds 3 --tokens 16"),
+        # the plain VQ checkpoint of the same format (speed does not depend on the code values):
+        # python -m vllm_ext.tvq --threads 1 train --out benchmarks/out/tvq_dec --steps 0
+        #   --vec-dim 2 --num-codewords 64 --calib-chunks 1 --skip-eval
+        full=_args(
+            "--ckpt benchmarks/out/tvq_dec/ckpt --rounds 3 --tokens 16 --variants bf16,tvq_kernel"
+        ),
         quick=_args(f"--ckpt {_TVQ_QUICK_WORK}/tvq3/ckpt --base tiny-llama --rounds 1 --tokens 8"),
         goal=Goal(">=", 1.0),
         minutes=(1.5, 15),

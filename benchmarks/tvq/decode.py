@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--child", default=None)
     p.add_argument("--kernel-tokens", type=int, default=8)
+    p.add_argument("--variants", default="bf16,tvq_kernel,tvq_reference_apply")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--name", default="tvq_kernel")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -70,6 +71,7 @@ def main() -> None:
     base = name if Path(name).is_dir() else str(model_path(name))
     variants = {"bf16": (base, "8"), "tvq_kernel": (str(a.ckpt), "8"),
                 "tvq_reference_apply": (str(a.ckpt), "0")}  # fmt: skip
+    variants = {k: v for k, v in variants.items() if k in a.variants.split(",")}
     result = {}
     for name, (model, kernel_tokens) in variants.items():
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
