@@ -295,7 +295,7 @@ SUITE: tuple[Entry, ...] = (
         name="tvq",
         module="benchmarks.tvq.quality",
         full=_args(
-            "--bits 3 --rtn-bits 4,3,2 --steps 12 --eval-every 6 --relookup-every 6 "
+            "--bits 3 --rtn-bits 4,3,2 --steps 12 --batch 1 --eval-every 6 --relookup-every 6 "
             "--eval-chunks 2 --refine-steps 4 --rtn-groups row --export"
         ),
         quick=_args(
