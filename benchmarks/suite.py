@@ -116,6 +116,7 @@ _LEAP_512 = "--max-tokens 512 --dtype float32 --calibration 512 --drift 32"
 _QUICK_TRACES = "tmp/histate_traces_quick"
 _REPEATS_NOTE = "the cited run had --repeats {}; 3 rounds now"
 _ACCT_CK = "~/.cache/vllm_ext/acct"
+_TVQ_QUICK_WORK = "benchmarks/out/quick/tvq_work"
 
 SUITE: tuple[Entry, ...] = (
     Entry(
@@ -289,6 +290,39 @@ SUITE: tuple[Entry, ...] = (
         quick=_args("--rounds 1 --requests 8"),
         goal=Goal("<=", 0.73),  # random/ARK >= 1.37
         minutes=(1, 10),
+    ),
+    Entry(
+        system="tvq",
+        name="tvq",
+        module="benchmarks.tvq.quality",
+        full=_args(
+            "--bits 3 --rtn-bits 4,3,2 --steps 12 --batch 1 --eval-every 6 --relookup-every 6 "
+            "--eval-chunks 2 --refine-steps 4 --rtn-groups row --export"
+        ),
+        quick=_args(
+            "--base tiny-llama --bits 3 --steps 2 --eval-every 1 --eval-chunks 1 --calib-chunks 1 "
+            f"--refine-steps 2 --rtn-groups row --export --work {_TVQ_QUICK_WORK}"
+        ),
+        goal=Goal("<=", 1 / 1.2),  # layer-wise VQ / TVQ perplexity >= 1.2 at 3 bits
+        minutes=(1.5, 60),
+        # deterministic (seeded init and training, fixed held-out tokens); one training run
+        # is most of an hour on the shared 2-core host
+        min_rounds=1,
+    ),
+    Entry(
+        system="tvq",
+        name="tvq_kernel",
+        module="benchmarks.tvq.decode",
+        # the checkpoint is the one the tvq entry above exports (it runs first)
+        # the plain VQ checkpoint of the same format (speed does not depend on the code values):
+        # python -m vllm_ext.tvq --threads 1 train --out benchmarks/out/tvq_dec --steps 0
+        #   --vec-dim 2 --num-codewords 64 --calib-chunks 1 --skip-eval
+        full=_args(
+            "--ckpt benchmarks/out/tvq_dec/ckpt --rounds 3 --tokens 16 --variants bf16,tvq_kernel"
+        ),
+        quick=_args(f"--ckpt {_TVQ_QUICK_WORK}/tvq3/ckpt --base tiny-llama --rounds 1 --tokens 8"),
+        goal=Goal(">=", 1.0),
+        minutes=(1.5, 15),
     ),
 )
 

@@ -44,17 +44,26 @@ def _torch_logprobs(ckpt, ids):
     return [logp[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
 
 
+def _kernel_choices(model) -> set[tuple[int, str | None]]:
+    """``(max_kernel_tokens, kernel)`` of every tvq-quantized layer of ``model``."""
+    return {(m.quant_method.max_kernel_tokens, m.kernel)
+            for m in model.modules() if hasattr(m, "codebook_f32")}  # fmt: skip
+
+
 @pytest.mark.parametrize("kernel_tokens", [0, 64])
-def test_vllm_prompt_logprobs_equal_torch(ckpt, kernel_tokens, monkeypatch):
+def test_vllm_prompt_logprobs_equal_torch(ckpt, kernel_tokens):
+    """The kernel choice comes from ``--additional-config`` (no env var), both paths exact."""
     if kernel_tokens and not kernel_available():
         pytest.skip("no C++ compiler for the TVQ kernel")
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    monkeypatch.setenv("VLLMEXT_TVQ_MAX_KERNEL_TOKENS", str(kernel_tokens))
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
-    with engine(ckpt, dtype="float32") as llm:
+    extra = {"tvq": {"max_kernel_tokens": kernel_tokens}}
+    with engine(ckpt, dtype="float32", additional_config=extra) as llm:
         assert llm.llm_engine.vllm_config.model_config.quantization == "tvq"
+        want = {(kernel_tokens, "cpu" if kernel_tokens else None)}
+        assert llm.apply_model(_kernel_choices) == [want]
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params)
         got = [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]] for o in outs]
     for ids, lp in zip(PROMPTS, got, strict=False):

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +17,7 @@ from vllm_ext.tvq.codebook import bits_per_weight, dequantize, kmeans, nearest
 from vllm_ext.tvq.qat import VQLinear
 
 torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -112,3 +119,14 @@ def test_kernel_opcheck():
     )
     torch.library.opcheck(torch.ops.vllm_ext_tvq.tvq_gemv.default, args,
                           test_utils=["test_schema", "test_faketensor"])  # fmt: skip
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton not installed")
+def test_triton_kernel_in_the_interpreter_equals_the_reference():
+    """The GPU kernel on random shapes through Triton's interpreter (a subprocess: the variable
+    must be set before Triton is first imported); the same cases run on a GPU in ``tests/gpu``."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "tests.tvq_kernel_cases", "cpu"], cwd=REPO,
+                         env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert {line.split()[0] for line in out.stdout.splitlines()} == {"triton/float32"}

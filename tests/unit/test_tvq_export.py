@@ -51,3 +51,28 @@ def test_format_and_config_reject_bad_values():
     with pytest.raises(ConfigError, match="max_kernel_tokens"):
         tvq_config({"max_kernel_tokens": -1})
     assert tvq_config({}, environ={"VLLMEXT_TVQ_MAX_KERNEL_TOKENS": "0"}).max_kernel_tokens == 0
+
+
+def test_serve_validates_the_tvq_block_before_vllm_starts():
+    from vllm_ext.common.systems import validate_additional_config
+
+    with pytest.raises(ConfigError, match="max_kernel_tokens"):
+        validate_additional_config({"tvq": {"max_kernel_tokens": -1}}, environ={})
+    with pytest.raises(ConfigError, match="max_kernel_token"):
+        validate_additional_config({"tvq": {"max_kernel_token": 4}}, environ={})
+    configs = validate_additional_config({"tvq": {"max_kernel_tokens": 3}}, environ={})
+    assert configs["tvq"].max_kernel_tokens == 3
+
+
+def test_quantization_config_reads_the_block_of_the_current_vllm_config(monkeypatch):
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    from vllm_ext.tvq.linear_method import TvqQuantizationConfig
+
+    monkeypatch.setenv("VLLMEXT_TVQ_MAX_KERNEL_TOKENS", "5")
+    fmt = {"quant_method": "tvq", "vec_dim": 4, "num_codewords": 16}
+    # outside an engine: the environment; inside the loader: additional_config beats it
+    assert TvqQuantizationConfig.from_config(fmt).runtime.max_kernel_tokens == 5
+    vllm_config = VllmConfig(additional_config={"tvq": {"max_kernel_tokens": 2}})
+    with set_current_vllm_config(vllm_config):
+        assert TvqQuantizationConfig.from_config(fmt).runtime.max_kernel_tokens == 2

@@ -466,6 +466,8 @@ SEAMS: tuple[Seam, ...] = (
          "tvq stays off it: the legacy loaders shard codes and scales by output_dim"),
     Seam("tvq", "vllm.model_executor.utils", "set_weight_attrs", "symbol",
          "output_dim/input_dim and the codebook's weight_loader"),
+    Seam("tvq", "vllm.config", "get_current_vllm_config_or_none", "symbol",
+         "the tvq block of additional_config while the loader builds the layers"),
     # ---- registered patches (patches/README.md)
     Seam("common", "vllm.entrypoints.cli.main", "importlib", "attribute",
          "patches/vllm_cpu_cli_version.py replaces the module's importlib"),

@@ -1,7 +1,8 @@
 """``python -m vllm_ext.tvq train|export|eval``.
 
 - ``train --out DIR [--steps N ...]``: k-means init + STE distillation of SmolLM2's MLPs;
-  resumes from ``DIR/state.pt``; writes ``DIR/curve.json`` and the checkpoint ``DIR/ckpt``.
+  resumes from ``DIR/state.pt``; writes ``DIR/curve.json`` and the checkpoint ``DIR/ckpt``
+  (``--steps 0 --skip-eval``: the plain VQ checkpoint, no perplexity).
 - ``export --out DIR``: re-export ``DIR/ckpt`` from ``DIR/state.pt`` (``--steps 0`` in train
   gives plain VQ, no training).
 - ``eval --ckpt DIR [--chunks N]``: held-out ShareGPT perplexity of a checkpoint in torch.
@@ -25,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="init + distil; resumable")
     for f in fields(TrainSettings):
         t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    t.add_argument(
+        "--skip-eval",
+        action="store_true",
+        help="no held-out perplexity before/after (with --steps 0: export plain VQ)",
+    )
     for cmd in (t, sub.add_parser("export", help="write DIR/ckpt from DIR/state.pt")):
         cmd.add_argument("--out", type=Path, required=True)
         cmd.add_argument("--base", default="smollm2", help="model asset name or folder")
@@ -80,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "train":
         chunks = data.token_chunks(tok, 256, settings.seq_len, held_out=False)
         held_out = data.token_chunks(tok, 4, 512, held_out=True)
-        summary = {"ppl_init": train.perplexity(student, held_out)}
+        ppl = (lambda: None) if args.skip_eval else (lambda: train.perplexity(student, held_out))
+        summary = {"ppl_init": ppl()}
         print(json.dumps(summary), flush=True)
         curve = train.train(teacher, student, chunks, settings, args.out)
-        summary.update(ppl_trained=train.perplexity(student, held_out), steps=settings.steps,
+        summary.update(ppl_trained=ppl(), steps=settings.steps,
                        tokens=curve[-1]["tokens"] if curve else 0)  # fmt: skip
         (args.out / "summary.json").write_text(json.dumps(summary) + "\n")
         print(json.dumps(summary))

@@ -6,7 +6,8 @@ int32), ``codebook [K, D]`` and ``scale [rows, 1]``. Methods outside
 parameter with an ``output_dim`` by shard, so codes and scales of a fused
 ``gate_up_proj`` load with no code here; the codebook has no row dimension and
 is stored ``[n_shards, K, D]`` by its own ``weight_loader``. Decode-size
-batches run the compiled lookup-GEMV; larger ones dequantize and matmul.
+batches run a lookup-GEMV (the compiled one on CPU, the Triton one on GPUs);
+larger ones dequantize once per call and run one dense matmul.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ext.kernels.tvq_gemv import dequantize_shards, kernel_available, tvq_gemv
-from vllm_ext.tvq.config import TvqConfig
+from vllm_ext.kernels.tvq_gemv.triton import row_shards, triton_usable, tvq_gemv_triton
+from vllm_ext.tvq.config import TvqConfig, tvq_config
 from vllm_ext.tvq.format import METHOD, QuantFormat
 
 
@@ -36,7 +38,24 @@ class TvqQuantizationConfig(QuantizationConfig):
     def __init__(self, fmt: QuantFormat, runtime: TvqConfig | None = None) -> None:
         super().__init__()
         self.fmt = fmt
-        self.runtime = runtime or TvqConfig()
+        self._runtime = runtime
+
+    @property
+    def runtime(self) -> TvqConfig:
+        """The ``tvq`` block of ``--additional-config`` (+ ``VLLMEXT_TVQ_*``), read once.
+
+        vLLM builds this object from ``config.json`` before a ``VllmConfig``
+        exists, so the block is read when the first layer asks for its method:
+        that runs inside the loader's ``set_current_vllm_config``.
+        """
+        if self._runtime is None:
+            from vllm.config import get_current_vllm_config_or_none
+
+            from vllm_ext.common.systems import config_from_vllm
+
+            current = get_current_vllm_config_or_none()
+            self._runtime = config_from_vllm("tvq", current) if current else tvq_config()
+        return self._runtime
 
     def get_name(self) -> str:
         return METHOD
@@ -54,9 +73,7 @@ class TvqQuantizationConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TvqQuantizationConfig:
-        from vllm_ext.tvq.config import tvq_config
-
-        return cls(QuantFormat.from_dict(config), tvq_config())
+        return cls(QuantFormat.from_dict(config))
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if isinstance(layer, LinearBase):
@@ -115,13 +132,24 @@ class TvqLinearMethod(LinearMethodBase):
         # the kernel reads fp32 codebooks and scales; keep them so once, not per call
         layer.codebook_f32 = layer.codebook.detach().float().contiguous()
         layer.scale_f32 = layer.scale.detach().float().contiguous()
-        layer.use_kernel = self.max_kernel_tokens > 0 and kernel_available()
+        layer.kernel = self._pick_kernel(layer)
+        if layer.kernel == "triton":
+            layer.row_shard = row_shards(layer.shard_rows.to(layer.codes.device),
+                                         layer.codes.shape[0])  # fmt: skip
+
+    def _pick_kernel(self, layer) -> str | None:
+        """``"cpu"`` (compiled), ``"triton"`` (GPU) or None (always dequantize and matmul)."""
+        if self.max_kernel_tokens <= 0:
+            return None
+        if layer.codes.device.type == "cpu":
+            return "cpu" if kernel_available() else None
+        return "triton" if triton_usable() else None
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if layer.use_kernel and x2.shape[0] <= self.max_kernel_tokens:
-            y = tvq_gemv(x2, layer.codes, layer.codebook_f32, layer.scale_f32, layer.shard_rows)
+        if layer.kernel is not None and x2.shape[0] <= self.max_kernel_tokens:
+            y = self._gemv(layer, x2)
             if bias is not None:
                 y = y + bias
         else:
@@ -129,3 +157,10 @@ class TvqLinearMethod(LinearMethodBase):
                                   layer.shard_rows).to(x.dtype)  # fmt: skip
             y = F.linear(x2, w, bias)
         return y.reshape(*shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def _gemv(layer, x2: torch.Tensor) -> torch.Tensor:
+        args = (x2, layer.codes, layer.codebook_f32, layer.scale_f32, layer.shard_rows)
+        if layer.kernel == "cpu":
+            return tvq_gemv(*args)
+        return tvq_gemv_triton(*args, shards=layer.row_shard)
