@@ -102,6 +102,13 @@ class InstanceSim:
             None if variant in DEVICE_ONLY
             else TieredCache(cfg, keep_payloads=False, policy=policy, ssd_policy=ssd_policy)
         )  # fmt: skip
+        if self.tiers is not None:
+            for queue in (self.tiers.host, self.tiers.ssd):
+                # a policy that orders the whole tier, pinned items included (vLLM's lru/arc
+                # behind benchmarks.histate.vllm_policies), is given its queue
+                bind = getattr(queue.policy, "bind", None)
+                if bind is not None:
+                    bind(queue)
         # the prefix tree for Marconi's branch points
         self.branches = BranchTracker()
         self.stats: dict[str, float] = dict.fromkeys(
