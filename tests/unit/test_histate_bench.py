@@ -72,6 +72,8 @@ def test_engine_rounds_give_a_median_headline_with_the_spread(tmp_path) -> None:
     h = result.headline
     validate_headline(h)
     assert h["rounds"] == 3
+    # the baseline is the best of native, LRU and Marconi (here LRU: p99 5 s)
+    assert h["baseline_name"] == "lru"
     assert h["ours"] == pytest.approx(sorted(m["ttft_p99_s"] for m in rounds["agentic:histate"])[1])
     assert h["ours_spread"][0] < h["ours"] < h["ours_spread"][1]
     assert result.command == "python -m benchmarks.histate.engine --repeats 3"
