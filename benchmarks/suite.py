@@ -147,11 +147,11 @@ SUITE: tuple[Entry, ...] = (
         system="histate",
         name="histate_sim",
         module="benchmarks.histate.sim",
-        full=(),
-        quick=_args(f"--quick --trace-dir {_QUICK_TRACES}"),
+        full=_args("--seeds 0,1,2"),
+        quick=_args(f"--quick --seeds 0,1,2 --trace-dir {_QUICK_TRACES}"),
         goal=Goal("<=", 1 / 3),
-        minutes=(0.5, 15),
-        min_rounds=1,
+        minutes=(3, 25),
+        min_rounds=3,  # deterministic, but one round per trace seed
     ),
     Entry(
         system="histate",

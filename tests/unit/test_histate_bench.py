@@ -19,11 +19,43 @@ def test_sim_variants_record_the_config_they_simulate() -> None:
     assert histate["histate"]["release_device_snapshots"] is True
     assert sim.variant_config(sim.KEEP_DEVICE, 1.0)["histate"]["release_device_snapshots"] is False
     assert sim.variant_config("marconi", 4.0)["histate"]["marconi_alpha"] == 4.0
-    assert sim.variant_config(sim.ISSUE_SCORE, 1.0)["policy_class"] == "IssueScorePolicy"
-    unbounded = sim.variant_config(sim.UNBOUNDED, 1.0)
-    assert unbounded["simulated_policy"] == "histate"
-    assert unbounded["cost_model_changes"] == {"host_bytes": 10**15}
-    assert sim.variant_config("lru", 1.0)["cost_model_changes"] == {}
+    assert sim.variant_config(sim.ISSUE_SCORE, 1.0)["policy_class"].endswith("IssueScorePolicy")
+    floor = sim.variant_config(sim.FLOOR, 1.0)
+    assert floor["simulated_policy"] == "histate"
+    assert floor["cost_model_changes"] == {"host_bytes": 10**15}
+    arc = sim.variant_config("vllm_arc", 1.0)
+    # the baseline runs vLLM's own class, not a re-implementation
+    assert arc["policy_class"] == "vllm.v1.kv_offload.cpu.policies.arc.ARCCachePolicy"
+    assert arc["simulated_policy"] == "lru" and arc["cost_model_changes"] == {}
+
+
+def test_sim_runs_end_to_end_over_seeds_with_the_floor(tmp_path, monkeypatch) -> None:
+    # tiny traces, two seeds, one process: the whole chain from traces to the result file
+    tiny = {
+        "agentic": (sim.agentic_trace, dict(n_sessions=4, scale=0.02, block_size=64), (0.5, 1.0)),
+        "bfcl": (sim.bfcl_trace, dict(n_sessions=3, block_size=64), (2.0,)),
+    }
+    monkeypatch.setattr(sim, "TRACES", tiny)
+    monkeypatch.setattr(sim, "ALPHAS", (0.0, 1.0))
+    argv = ["--seeds", "0,1", "--workers", "1", "--trace-dir", str(tmp_path / "t")]
+    assert sim.main([*argv, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "histate_sim.json").read_text())
+    h = data["headline"]
+    validate_headline(h)
+    assert h["rounds"] == 2 and len(h["ours_per_round"]) == 2
+    assert h["baseline_name"] in ("vllm_lru", "vllm_arc", "marconi(alpha=1)", "marconi(alpha=0)")
+    bound = data["config"]["no_eviction_floor"]
+    assert len(bound["floor_per_seed"]) == 2 and "floor" in bound["target_applied"]
+    head = data["config"]["headline_rate"]
+    for v in sim.MAIN:
+        assert (
+            len(
+                data["variants"][f"agentic@{head:g}:{v if v != 'marconi' else 'marconi(alpha=1)'}"][
+                    "ttft_p99_s_per_seed"
+                ]
+            )
+            == 2
+        )
 
 
 def test_engine_variants_record_engine_arguments_and_resolved_histate_config() -> None:
