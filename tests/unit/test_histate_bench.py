@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.histate import engine, sim
 from vllm_ext.bench import validate_headline
+from vllm_ext.histate.traces import agentic_trace, bfcl_trace
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +33,8 @@ def test_sim_variants_record_the_config_they_simulate() -> None:
 def test_sim_runs_end_to_end_over_seeds_with_the_floor(tmp_path, monkeypatch) -> None:
     # tiny traces, two seeds, one process: the whole chain from traces to the result file
     tiny = {
-        "agentic": (sim.agentic_trace, dict(n_sessions=4, scale=0.02, block_size=64), (0.5, 1.0)),
-        "bfcl": (sim.bfcl_trace, dict(n_sessions=3, block_size=64), (2.0,)),
+        "agentic": (agentic_trace, dict(n_sessions=4, scale=0.02, block_size=64), (0.5, 1.0)),
+        "bfcl": (bfcl_trace, dict(n_sessions=3, block_size=64), (2.0,)),
     }
     monkeypatch.setattr(sim, "TRACES", tiny)
     monkeypatch.setattr(sim, "ALPHAS", (0.0, 1.0))
