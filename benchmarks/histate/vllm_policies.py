@@ -25,6 +25,7 @@ evicts exactly like ``LruPolicy``.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
 from vllm.v1.kv_offload.base import ReqContext
@@ -105,6 +106,46 @@ class VllmCachePolicy(LruPolicy):
             self._impl.mark_non_evictable(key.encode())
         else:
             self._impl.mark_evictable(key.encode())
+
+
+class StoreThreshold:
+    """vLLM's ``store_threshold`` admission filter (``CPUOffloadingManager.prepare_store``).
+
+    Every offer of a key for storage is counted (resident or not) in a table of at most
+    ``max_tracker_size`` keys, oldest dropped first; a key not yet in the tier is stored only
+    once it has been offered ``threshold`` times. vLLM keeps this table in its manager, not in
+    the ``CachePolicy``, so it is kept here beside the adapter; the defaults are vLLM's.
+    """
+
+    def __init__(self, threshold: int, max_tracker_size: int = 64_000):
+        self.threshold = threshold
+        self.max_tracker_size = max_tracker_size
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def admit_store(self, key: str, resident: bool) -> bool:
+        """Count one offer of ``key``; may it be stored (a resident key always may)?"""
+        if key in self._counts:
+            self._counts.move_to_end(key)
+            self._counts[key] += 1
+        else:
+            if len(self._counts) >= self.max_tracker_size:
+                self._counts.popitem(last=False)
+            self._counts[key] = 1
+        return resident or self._counts[key] >= self.threshold
+
+
+def with_store_threshold(cls: type[VllmCachePolicy], threshold: int) -> type[VllmCachePolicy]:
+    """``cls`` behind vLLM's ``store_threshold`` filter (``threshold`` >= 2 filters)."""
+
+    def __init__(self, config):
+        cls.__init__(self, config)
+        self._filter = StoreThreshold(threshold)
+
+    def admit_store(self, key: str, resident: bool) -> bool:
+        return self._filter.admit_store(key, resident)
+
+    attrs = {"__init__": __init__, "admit_store": admit_store, "store_threshold": threshold}
+    return type(f"{cls.__name__}T{threshold}", (cls,), attrs)
 
 
 class VllmLruPolicy(VllmCachePolicy):

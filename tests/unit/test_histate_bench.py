@@ -28,6 +28,18 @@ def test_sim_variants_record_the_config_they_simulate() -> None:
     # the baseline runs vLLM's own class, not a re-implementation
     assert arc["policy_class"] == "vllm.v1.kv_offload.cpu.policies.arc.ARCCachePolicy"
     assert arc["simulated_policy"] == "lru" and arc["cost_model_changes"] == {}
+    assert arc["store_threshold"] == 0
+    arc2 = sim.variant_config("vllm_arc_t2", 1.0)
+    assert arc2["policy_class"] == arc["policy_class"] and arc2["store_threshold"] == 2
+
+
+def test_sim_store_threshold_skips_first_offers_only_for_filtered_variants(tmp_path) -> None:
+    trace = tmp_path / "t.jsonl"
+    sim.save_trace(agentic_trace(seed=0, session_rate=1.0, n_sessions=4, scale=0.02,
+                                 block_size=64), trace)  # fmt: skip
+    plain, _ = sim._simulate(trace, "vllm_lru", 1.0)
+    filtered, _ = sim._simulate(trace, "vllm_lru_t2", 1.0)
+    assert plain["stores_skipped"] == 0 and filtered["stores_skipped"] > 0
 
 
 def test_sim_runs_end_to_end_over_seeds_with_the_floor(tmp_path, monkeypatch) -> None:
@@ -44,7 +56,7 @@ def test_sim_runs_end_to_end_over_seeds_with_the_floor(tmp_path, monkeypatch) ->
     h = data["headline"]
     validate_headline(h)
     assert h["rounds"] == 2 and len(h["ours_per_round"]) == 2
-    assert h["baseline_name"] in ("vllm_lru", "vllm_arc", "marconi(alpha=1)", "marconi(alpha=0)")
+    assert h["baseline_name"] in (*sim.BASELINES[:-1], "marconi(alpha=1)", "marconi(alpha=0)")
     bound = data["config"]["no_eviction_floor"]
     assert len(bound["floor_per_seed"]) == 2 and "floor" in bound["target_applied"]
     head = data["config"]["headline_rate"]

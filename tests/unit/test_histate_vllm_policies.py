@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from benchmarks.histate.vllm_policies import VllmArcPolicy, VllmLruPolicy
+from benchmarks.histate.vllm_policies import StoreThreshold, VllmArcPolicy, VllmLruPolicy
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.policy import Item, Kind, LruPolicy
 from vllm_ext.histate.queue import EvictionQueue
@@ -87,3 +87,13 @@ def test_vllm_arc_keeps_single_use_chunks_in_t1():
     assert ok and [i.key for i in evicted] == ["b"]  # LRU would also say b; T1 holds b, c, d
     impl = policy._impl
     assert set(impl.t1) == {b"c", b"d", b"e"} and set(impl.t2) == {b"a"}
+
+
+def test_store_threshold_admits_a_new_key_on_its_second_offer():
+    """vLLM's store_threshold=2: first offer skipped, second stored; resident keys always."""
+    f = StoreThreshold(2, max_tracker_size=2)
+    assert not f.admit_store("a", resident=False)
+    assert f.admit_store("a", resident=False)
+    assert f.admit_store("r", resident=True)
+    assert not f.admit_store("b", resident=False)  # the table (2 keys) drops "a", the oldest
+    assert not f.admit_store("a", resident=False)

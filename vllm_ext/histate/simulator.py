@@ -115,7 +115,7 @@ class InstanceSim:
             ("hit_tokens", "prompt_tokens", "computed_tokens", "recomputed_tokens",
              "host_kv_read_bytes", "host_snapshot_read_bytes", "ssd_snapshot_read_bytes",
              "ssd_write_bytes", "spills_dropped", "device_insert_failures", "busy_s",
-             "device_snapshots_released",
+             "device_snapshots_released", "stores_skipped",
              "hits_device", "hits_host", "hits_ssd", "misses"), 0.0)  # fmt: skip
         self.ttft: list[float] = []
         # (session id, turn) -> blocks reused by that request
@@ -276,6 +276,11 @@ class InstanceSim:
             self.device.touch(snap_key(chain[p - 1]), now, tokens, p * self.B)
 
     def _tier_put(self, key: str, kind: Kind, nbytes: int, now: float, tokens: int, pos: int):
+        # an offer-count admission filter (vLLM's store_threshold, benchmarks.histate.vllm_policies)
+        admit = getattr(self.tiers.host.policy, "admit_store", None)
+        if admit is not None and not admit(key, self.tiers.tier_of(key) is not None):
+            self.stats["stores_skipped"] += 1
+            return
         result = self.tiers.store(key, kind, nbytes, now, recompute_tokens=tokens,
                                   position=pos * self.B)  # fmt: skip
         for item in result.spilled:
@@ -328,7 +333,7 @@ def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
     for key in ("computed_tokens", "recomputed_tokens", "host_kv_read_bytes",
                 "host_snapshot_read_bytes", "ssd_snapshot_read_bytes", "ssd_write_bytes",
                 "spills_dropped", "device_insert_failures",
-                "device_snapshots_released"):  # fmt: skip
+                "device_snapshots_released", "stores_skipped"):  # fmt: skip
         out[key] = s[key]
     if sim.tiers is not None:
         out["host_used_bytes"] = sim.tiers.host.used_bytes
