@@ -7,32 +7,44 @@ caching on (vLLM's align mode, 384-token hybrid blocks) and a deliberately
 small device pool, so that sessions evict each other's prefixes as a busy
 accelerator would:
 
-- ``native``: vLLM alone (device prefix cache only);
+- ``native``: vLLM alone (device prefix cache only). vLLM's own KV offloading
+  (``OffloadingConnector``, ``--kv-offloading-size``, its ``lru``/``arc``
+  policies) does not run on the CPU build ("CPU Offloading is currently only
+  supported on CUDA-alike and XPU GPUs"), so it cannot be the baseline here;
+  the simulator (``benchmarks.histate.sim``) runs vLLM's own ``lru``/``arc``
+  policy classes instead, and HiState's ``lru`` below evicts in the same order
+  as vLLM's ``LRUCachePolicy`` (tests/unit/test_histate_vllm_policies.py);
 - ``lru``, ``marconi``, ``histate``: the same HiState connector with that
   policy over a host-memory tier (KV + snapshots, one eviction queue) and an
-  SSD tier (snapshot files, fsync'd, in a temp folder on this machine's disk).
+  SSD tier (snapshot files, fsync'd, in a temp folder on this machine's disk),
+  the same tier sizes for every policy.
 
 Traces (seed 0, saved as JSONL, replayable): aiperf's agentic-coding sessions
 scaled to the CPU (token counts x0.02: a 640-token shared tool/system layer,
 contexts up to ~4k tokens) and BFCL v4 multi-turn tool use (real tool
-schemas), think/tool delays x``time_scale``. Scenarios: ``agentic`` (24
-sessions at 0.2/s, a load vLLM-native cannot sustain with this device pool),
-``agentic_host24M`` (the same with a host tier too small for the working set,
-so eviction and SSD spills decide), ``bfcl``, and ``agentic_low`` (12 sessions
-at 0.08/s). Metrics: TTFT from the moment a turn is due to its first token
-(p50/p90/p99), token hit rate, tokens HiState loaded, recomputed prompt
+schemas), think/tool delays x``time_scale``. Scenarios: ``agentic12_host12M``
+(the headline: 12 sessions at 0.2/s with a 12 MiB host tier, too small for the
+working set, so eviction order and SSD spills decide the hits; the only
+scenario of the full run, sized to fit ~40 min for 3 rounds on 2 cores),
+``agentic`` (24 sessions at 0.2/s, a load vLLM-native cannot sustain with this
+device pool, host tier large enough that LRU and HiState hit alike),
+``agentic_host24M`` (the same with a 24 MiB host tier), ``bfcl``, and
+``agentic_low`` (12 sessions at 0.08/s). Metrics: TTFT from the moment a turn
+is due to its first token (p50/p90/p99), token hit rate, tokens HiState loaded, recomputed prompt
 tokens, snapshots and bytes read per tier, and whether first-turn outputs
-equal native's. Headline: HiState vs vLLM-native p99 TTFT on ``agentic``
-(target from the issue: better); Marconi and LRU are shown beside it.
+equal native's. Headline: HiState vs the best baseline (lowest median p99
+TTFT of native, LRU and Marconi) on the first scenario run (the full run:
+``agentic12_host12M``); target from the issue: >= 1.5x lower.
 
 Every policy runs ``--repeats`` rounds (round-robin over scenarios and policies,
 so machine drift hits all alike); each metric is the median over rounds and the
 headline carries every round's value.
 
-Run: ``python -m benchmarks.histate --engine`` (~60 min per round on 2 cores;
-``--quick`` ~15 min; ``--reuse`` rebuilds the result from saved runs). Needs a
-quiet machine: other CPU load changes every timing. The headline's exact
-arguments are in ``benchmarks/suite.py`` (``make bench-histate``).
+Run: ``python -m benchmarks.histate.engine --scenarios agentic12_host12M
+--repeats 3`` (~40 min on 2 cores; every scenario: ~60 min per round;
+``--quick``: a third of the sessions; ``--reuse`` rebuilds the result from saved
+runs). Needs a quiet machine: other CPU load changes every timing. The
+headline's exact arguments are in ``benchmarks/suite.py`` (``make bench-histate``).
 """
 
 from __future__ import annotations
@@ -66,12 +78,19 @@ from vllm_ext.histate.traces import agentic_trace, bfcl_trace, save_trace
 
 NAME = "histate_engine"
 METRIC = "ttft_p99_s"
-TARGET = "ratio < 1 (better p99 TTFT than vLLM-native on the real engine)"
+TARGET = (
+    "ratio <= 0.667 (>= 1.5x lower p99 TTFT than the best of vLLM-native, LRU and Marconi "
+    "with the same tiers, on the real engine)"
+)
+BASELINES = ("native", "lru", "marconi")
+HEADLINE = "agentic12_host12M"
 POLICIES = ("native", "lru", "marconi", "histate")
 MB = 1 << 20
 # name: (generator, kwargs, sessions per second); block_size = sharing granularity only
 TRACES = {
     "agentic": (agentic_trace, dict(n_sessions=24, scale=0.02, block_size=16), 0.2),
+    # the headline's: half the sessions, so that 3 rounds of every policy fit ~40 min
+    "agentic12": (agentic_trace, dict(n_sessions=12, scale=0.02, block_size=16), 0.2),
     # the same session model at a load vLLM-native sustains (fewer sessions, lower rate)
     "agentic_low": (agentic_trace, dict(n_sessions=12, scale=0.02, block_size=16), 0.08),
     "bfcl": (bfcl_trace, dict(n_sessions=24, scale=0.5, block_size=16), 0.4),
@@ -95,6 +114,8 @@ class Scenario:
 
 
 SCENARIOS = {
+    # host memory too small for the working set: the policy decides the hits (headline)
+    HEADLINE: Scenario("agentic12", host_bytes=12 * MB),
     "agentic": Scenario("agentic"),
     # host memory too small for the working set: evictions and SSD spills decide hits
     "agentic_host24M": Scenario("agentic", host_bytes=24 * MB, native_from="agentic"),
@@ -230,17 +251,18 @@ def per_round_metrics(runs: dict[tuple[str, str], list[dict]]) -> dict[str, list
 def build_result(runs: dict[tuple[str, str], list[dict]], sizes: dict, args) -> BenchResult:
     rounds = per_round_metrics(runs)
     variants = {name: median_metrics(r) for name, r in rounds.items()}
-    head = "agentic" if ("agentic", "histate") in runs else next(iter(runs))[0]
+    head = HEADLINE if (HEADLINE, "histate") in runs else next(iter(runs))[0]
+    base = best_baseline(variants, head)
     device_blocks = next(iter(runs.values()))[0]["device_blocks"]
     return BenchResult(
         name=NAME,
-        description=describe(variants, head, device_blocks),
+        description=describe(variants, head, device_blocks, base),
         variants=variants,
         headline=headline_from_rounds(
             f"{head} {METRIC}",
             [m[METRIC] for m in rounds[f"{head}:histate"]],
-            [m[METRIC] for m in rounds[f"{head}:native"]],
-            "vllm_native",
+            [m[METRIC] for m in rounds[f"{head}:{base}"]],
+            "vllm_native" if base == "native" else base,
             higher_is_better=False,
             target=TARGET,
         ),
@@ -268,6 +290,12 @@ def build_result(runs: dict[tuple[str, str], list[dict]], sizes: dict, args) -> 
     )
 
 
+def best_baseline(variants: dict[str, dict], scenario: str) -> str:
+    """The baseline policy with the lowest median p99 TTFT in ``scenario``."""
+    ran = [p for p in BASELINES if f"{scenario}:{p}" in variants]
+    return min(ran, key=lambda p: variants[f"{scenario}:{p}"][METRIC])
+
+
 def _versus_lru(lru: dict, ours: dict) -> str:
     """Recomputed tokens of LRU and HiState, and whether HiState's score lost hits."""
     a, b = lru["recomputed_tokens"], ours["recomputed_tokens"]
@@ -277,7 +305,7 @@ def _versus_lru(lru: dict, ours: dict) -> str:
     return text + "."
 
 
-def describe(variants: dict[str, dict], head: str, device_blocks: int) -> str:
+def describe(variants: dict[str, dict], head: str, device_blocks: int, base: str) -> str:
     """Top of the markdown: what ran and an honest verdict."""
     lines = [__doc__.split("\n\n")[0], "", __doc__.split("\n\n", 2)[1], "", LOADER_NOTE, ""]
     for trace in sorted({k.split(":")[0] for k in variants}):
@@ -297,15 +325,17 @@ def describe(variants: dict[str, dict], head: str, device_blocks: int) -> str:
             f"HiState {v['histate']['token_hit_rate']:.0%}"
             + (_versus_lru(v["lru"], v["histate"]) if v["lru"] else ".")
         )
-    ours, base = variants[f"{head}:histate"][METRIC], variants[f"{head}:native"][METRIC]
-    met = "met" if ours < base else "NOT met"
+    ours, theirs = variants[f"{head}:histate"][METRIC], variants[f"{head}:{base}"][METRIC]
+    met = "met" if ours <= theirs / 1.5 else "NOT met"
     lines += [
         "",
-        f"**Verdict ({head}):** HiState p99 TTFT {ours:.2f}s vs vLLM-native "
-        f"{base:.2f}s (target: better, {met}). Device pool: {device_blocks} blocks of "
-        "384 tokens for every policy; HiState spends no device memory of its own.",
+        f"**Verdict ({head}):** HiState p99 TTFT {ours:.2f}s vs {theirs:.2f}s for the best "
+        f"baseline ({base}): {theirs / ours:.2f}x lower (target >= 1.5x: {met}). Device pool: "
+        f"{device_blocks} blocks of 384 tokens for every policy; HiState spends no device "
+        "memory of its own. The machine was shared while this ran (other benchmarks and "
+        "builds on its 2 cores): timings carry that noise.",
         "",
-        "**Reading it.** One run per policy on a 2-core CPU: TTFT percentiles of runs with "
+        "**Reading it.** Medians of the rounds on a 2-core CPU: TTFT percentiles of runs with "
         "the same hits differ by up to ~2x (compare LRU and HiState wherever their recomputed "
         "tokens are equal, i.e. their host tier never filled), so only large gaps and the "
         "token counts are evidence. The greedy outputs of this bf16 model depend on batch "

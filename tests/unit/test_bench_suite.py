@@ -91,6 +91,8 @@ def test_full_runs_quote_enough_rounds(entry: Entry) -> None:
     args = " ".join(entry.full)
     if "flide" in entry.module:  # timed runs per point
         assert "--repeats 3" in args
+    elif "histate.sim" in entry.module:  # deterministic: one round per trace seed
+        assert re.search(r"--seeds \d+(,\d+){2,}", args), args
     elif "acct" in entry.module:  # paired timing rounds
         assert re.search(r"--rounds ([3-9]|\d\d)", args), args
     else:

@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks.histate import engine, sim
 from vllm_ext.bench import validate_headline
+from vllm_ext.histate.traces import agentic_trace, bfcl_trace
 
 pytestmark = pytest.mark.unit
 
@@ -19,11 +20,55 @@ def test_sim_variants_record_the_config_they_simulate() -> None:
     assert histate["histate"]["release_device_snapshots"] is True
     assert sim.variant_config(sim.KEEP_DEVICE, 1.0)["histate"]["release_device_snapshots"] is False
     assert sim.variant_config("marconi", 4.0)["histate"]["marconi_alpha"] == 4.0
-    assert sim.variant_config(sim.ISSUE_SCORE, 1.0)["policy_class"] == "IssueScorePolicy"
-    unbounded = sim.variant_config(sim.UNBOUNDED, 1.0)
-    assert unbounded["simulated_policy"] == "histate"
-    assert unbounded["cost_model_changes"] == {"host_bytes": 10**15}
-    assert sim.variant_config("lru", 1.0)["cost_model_changes"] == {}
+    assert sim.variant_config(sim.ISSUE_SCORE, 1.0)["policy_class"].endswith("IssueScorePolicy")
+    floor = sim.variant_config(sim.FLOOR, 1.0)
+    assert floor["simulated_policy"] == "histate"
+    assert floor["cost_model_changes"] == {"host_bytes": 10**15}
+    arc = sim.variant_config("vllm_arc", 1.0)
+    # the baseline runs vLLM's own class, not a re-implementation
+    assert arc["policy_class"] == "vllm.v1.kv_offload.cpu.policies.arc.ARCCachePolicy"
+    assert arc["simulated_policy"] == "lru" and arc["cost_model_changes"] == {}
+    assert arc["store_threshold"] == 0
+    arc2 = sim.variant_config("vllm_arc_t2", 1.0)
+    assert arc2["policy_class"] == arc["policy_class"] and arc2["store_threshold"] == 2
+
+
+def test_sim_store_threshold_skips_first_offers_only_for_filtered_variants(tmp_path) -> None:
+    trace = tmp_path / "t.jsonl"
+    sim.save_trace(agentic_trace(seed=0, session_rate=1.0, n_sessions=4, scale=0.02,
+                                 block_size=64), trace)  # fmt: skip
+    plain, _ = sim._simulate(trace, "vllm_lru", 1.0)
+    filtered, _ = sim._simulate(trace, "vllm_lru_t2", 1.0)
+    assert plain["stores_skipped"] == 0 and filtered["stores_skipped"] > 0
+
+
+def test_sim_runs_end_to_end_over_seeds_with_the_floor(tmp_path, monkeypatch) -> None:
+    # tiny traces, two seeds, one process: the whole chain from traces to the result file
+    tiny = {
+        "agentic": (agentic_trace, dict(n_sessions=4, scale=0.02, block_size=64), (0.5, 1.0)),
+        "bfcl": (bfcl_trace, dict(n_sessions=3, block_size=64), (2.0,)),
+    }
+    monkeypatch.setattr(sim, "TRACES", tiny)
+    monkeypatch.setattr(sim, "ALPHAS", (0.0, 1.0))
+    argv = ["--seeds", "0,1", "--workers", "1", "--trace-dir", str(tmp_path / "t")]
+    assert sim.main([*argv, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "histate_sim.json").read_text())
+    h = data["headline"]
+    validate_headline(h)
+    assert h["rounds"] == 2 and len(h["ours_per_round"]) == 2
+    assert h["baseline_name"] in (*sim.BASELINES[:-1], "marconi(alpha=1)", "marconi(alpha=0)")
+    bound = data["config"]["no_eviction_floor"]
+    assert len(bound["floor_per_seed"]) == 2 and "floor" in bound["target_applied"]
+    head = data["config"]["headline_rate"]
+    for v in sim.MAIN:
+        assert (
+            len(
+                data["variants"][f"agentic@{head:g}:{v if v != 'marconi' else 'marconi(alpha=1)'}"][
+                    "ttft_p99_s_per_seed"
+                ]
+            )
+            == 2
+        )
 
 
 def test_engine_variants_record_engine_arguments_and_resolved_histate_config() -> None:
@@ -72,6 +117,8 @@ def test_engine_rounds_give_a_median_headline_with_the_spread(tmp_path) -> None:
     h = result.headline
     validate_headline(h)
     assert h["rounds"] == 3
+    # the baseline is the best of native, LRU and Marconi (here LRU: p99 5 s)
+    assert h["baseline_name"] == "lru"
     assert h["ours"] == pytest.approx(sorted(m["ttft_p99_s"] for m in rounds["agentic:histate"])[1])
     assert h["ours_spread"][0] < h["ours"] < h["ours_spread"][1]
     assert result.command == "python -m benchmarks.histate.engine --repeats 3"

@@ -21,6 +21,7 @@ from vllm_ext.histate.policy import (
     PROMPT_END,
     Item,
     Kind,
+    LruPolicy,
     make_policy,
 )
 from vllm_ext.histate.queue import EvictionQueue
@@ -276,3 +277,17 @@ def test_config_is_frozen_and_documented():
     table += config_table(HiStateConfig, "histate", experimental=True)
     for f in dataclasses.fields(HiStateConfig):
         assert f.metadata["doc"] and f"`VLLMEXT_HISTATE_{f.name.upper()}`" in table
+
+
+def test_a_restored_key_is_ranked_by_its_new_access_not_a_stale_heap_entry():
+    # a re-stored item must not match heap entries of the item it replaced (their stamps
+    # once restarted at 0, so the oldest entry's score came back: k1 went first at 12)
+    q = EvictionQueue(LruPolicy(HiStateConfig()), capacity=4)
+    q.insert(Item("k1", Kind.KV, 1, 1.0))
+    q.touch("k1", 2.0)
+    for t, key in ((3.0, "k2"), (4.0, "k3")):
+        q.insert(Item(key, Kind.KV, 1, t))
+    q.insert(Item("k1", Kind.KV, 1, 5.0))  # re-store
+    q.insert(Item("k4", Kind.KV, 1, 6.0))
+    _, evicted = q.insert(Item("k5", Kind.KV, 1, 7.0))
+    assert [i.key for i in evicted] == ["k2"]

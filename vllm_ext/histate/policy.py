@@ -124,6 +124,9 @@ class Policy:
         """``items`` in eviction order, first = evicted first."""
         return sorted(items, key=self.score)
 
+    def observe(self, item: Item) -> None:
+        """The queue stored or touched ``item`` (for policies that keep access history)."""
+
     def loss_seconds(self, item: Item, spills: bool) -> float:
         """Seconds a future hit loses if ``item`` leaves a tier (spilling or not)."""
         if spills and item.kind is Kind.SNAPSHOT:

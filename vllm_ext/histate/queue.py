@@ -3,7 +3,8 @@
 The queue owns byte accounting for one tier and decides victims with a
 :class:`~vllm_ext.histate.policy.Policy`. Static policies (``lru``,
 ``histate``) keep a binary heap of ``(score, seq, stamp, key)`` with lazy
-invalidation: an update pushes a new entry and bumps the item's ``stamp``, so
+invalidation: an update pushes a new entry and gives the item a fresh ``stamp``
+(unique in the queue, so a replaced item's entries never match its successor), so
 stale entries are skipped when popped; the heap is rebuilt (from each item's
 stored score) when stale entries outnumber live ones. Insert, touch and evict
 are O(log n). The queue also keeps the GreedyDual clock: the highest score it
@@ -86,6 +87,7 @@ class EvictionQueue:
             return False, []
         evicted = self.make_room(item.nbytes)
         self._add(item)
+        self.policy.observe(item)
         return True, evicted
 
     def touch(
@@ -105,6 +107,7 @@ class EvictionQueue:
         if position is not None:
             item.position = position
         self._push(item)
+        self.policy.observe(item)
         return True
 
     def pin(self, key: Hashable) -> bool:
@@ -173,18 +176,21 @@ class EvictionQueue:
         item.stamp += 1
 
     def _push(self, item: Item) -> None:
+        # stamps are unique across items: a stale entry of a removed or replaced item with
+        # the same key must never match its successor (it would resurrect the old score);
+        # they also order accesses at equal times (for non-static policies too)
+        item.stamp = next(self._seq)
         if not self.policy.static:
             return
-        item.stamp += 1
         item.score = self.policy.score(item, self.clock, self.spills)
-        heapq.heappush(self._heap, (item.score, next(self._seq), item.stamp, item.key))
+        heapq.heappush(self._heap, (item.score, item.stamp, item.stamp, item.key))
         if len(self._heap) > 2 * len(self._items) + 64:
             self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
         # stored scores: re-scoring at today's clock would forget each item's age
         self._heap = [
-            (item.score, next(self._seq), item.stamp, item.key) for item in self._items.values()
+            (item.score, item.stamp, item.stamp, item.key) for item in self._items.values()
         ]
         heapq.heapify(self._heap)
 

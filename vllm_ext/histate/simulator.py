@@ -102,13 +102,20 @@ class InstanceSim:
             None if variant in DEVICE_ONLY
             else TieredCache(cfg, keep_payloads=False, policy=policy, ssd_policy=ssd_policy)
         )  # fmt: skip
+        if self.tiers is not None:
+            for queue in (self.tiers.host, self.tiers.ssd):
+                # a policy that orders the whole tier, pinned items included (vLLM's lru/arc
+                # behind benchmarks.histate.vllm_policies), is given its queue
+                bind = getattr(queue.policy, "bind", None)
+                if bind is not None:
+                    bind(queue)
         # the prefix tree for Marconi's branch points
         self.branches = BranchTracker()
         self.stats: dict[str, float] = dict.fromkeys(
             ("hit_tokens", "prompt_tokens", "computed_tokens", "recomputed_tokens",
              "host_kv_read_bytes", "host_snapshot_read_bytes", "ssd_snapshot_read_bytes",
              "ssd_write_bytes", "spills_dropped", "device_insert_failures", "busy_s",
-             "device_snapshots_released",
+             "device_snapshots_released", "stores_skipped",
              "hits_device", "hits_host", "hits_ssd", "misses"), 0.0)  # fmt: skip
         self.ttft: list[float] = []
         # (session id, turn) -> blocks reused by that request
@@ -269,6 +276,11 @@ class InstanceSim:
             self.device.touch(snap_key(chain[p - 1]), now, tokens, p * self.B)
 
     def _tier_put(self, key: str, kind: Kind, nbytes: int, now: float, tokens: int, pos: int):
+        # an offer-count admission filter (vLLM's store_threshold, benchmarks.histate.vllm_policies)
+        admit = getattr(self.tiers.host.policy, "admit_store", None)
+        if admit is not None and not admit(key, self.tiers.tier_of(key) is not None):
+            self.stats["stores_skipped"] += 1
+            return
         result = self.tiers.store(key, kind, nbytes, now, recompute_tokens=tokens,
                                   position=pos * self.B)  # fmt: skip
         for item in result.spilled:
@@ -321,7 +333,7 @@ def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
     for key in ("computed_tokens", "recomputed_tokens", "host_kv_read_bytes",
                 "host_snapshot_read_bytes", "ssd_snapshot_read_bytes", "ssd_write_bytes",
                 "spills_dropped", "device_insert_failures",
-                "device_snapshots_released"):  # fmt: skip
+                "device_snapshots_released", "stores_skipped"):  # fmt: skip
         out[key] = s[key]
     if sim.tiers is not None:
         out["host_used_bytes"] = sim.tiers.host.used_bytes
