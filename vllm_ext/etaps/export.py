@@ -24,30 +24,34 @@ COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
 
 
 def export(model: nn.Module, base_dir: Path, out_dir: Path, sparsity: float) -> Path:
-    """Save ``model`` (HF causal LM, decoder linears pruned per row) to ``out_dir``.
+    """Save ``model`` (HF causal LM, decoder linears pruned per row) to ``out_dir``."""
+    sparse = list(prunable_linears(model))
+    return export_state(model.state_dict(), sparse, base_dir, out_dir, sparsity)
 
-    ``model``'s pruned linears are plain ``nn.Linear`` holding ``(w+Δ)⊙mask``
-    (:meth:`StagedPruner.patched_state_dict`, or a one-shot baseline).
+
+def export_state(
+    state: dict[str, torch.Tensor], sparse: list[str], base_dir: Path, out_dir: Path,
+    sparsity: float,
+) -> Path:  # fmt: skip
+    """Save a state dict whose linears ``sparse`` hold row-pruned ``<name>.weight``.
+
+    (:meth:`StagedPruner.export_state` gives one mid-run, without touching the pruner.)
     """
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     fmt = SparseFormat(sparsity)
+    config = json.loads((base_dir / "config.json").read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    sparse = prunable_linears(model)
-    for name, linear in sparse.items():
-        w = linear.weight.detach()
-        values, indices = compact(w, fmt.nnz(w.shape[1]))
-        tensors[f"{name}.values"], tensors[f"{name}.indices"] = values, indices
-        if linear.bias is not None:
-            tensors[f"{name}.bias"] = linear.bias.detach().to(torch.bfloat16).contiguous()
-    skip = {f"{name}.{p}" for name in sparse for p in ("weight", "bias")}
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    for key, value in model.state_dict().items():
+    for name in sparse:
+        w = state[f"{name}.weight"].detach().float()
+        tensors[f"{name}.values"], tensors[f"{name}.indices"] = compact(w, fmt.nnz(w.shape[1]))
+    skip = {f"{name}.weight" for name in sparse}
+    tied = config.get("tie_word_embeddings", False)
+    for key, value in state.items():
         if key in skip or (tied and key == "lm_head.weight"):
             continue
         tensors[key] = value.detach().to(torch.bfloat16).contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((base_dir / "config.json").read_text())
     config["quantization_config"] = fmt.to_dict()
     config["torch_dtype"] = "bfloat16"
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
