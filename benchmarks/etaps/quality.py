@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from vllm_ext.bench import BenchResult, collect_fingerprint, make_headline, write_result
+from vllm_ext.bench import BenchResult, collect_fingerprint, headline_from_rounds, write_result
 from vllm_ext.etaps.baselines import input_sq_sums, prune_one_shot
 from vllm_ext.etaps.data import token_blocks
 from vllm_ext.etaps.model_io import load_model, perplexity
@@ -89,10 +89,11 @@ def run(args, progress) -> BenchResult:
     at = {name: next(p for p in pts if abs(p["sparsity"] - args.headline) < 1e-6)
           for name, pts in series.items()}  # fmt: skip
     best = min(("wanda", "sparsegpt"), key=lambda m: at[m]["ppl"])
-    headline = make_headline(
+    # deterministic (seeded, no timing): one round is the measurement
+    headline = headline_from_rounds(
         f"held-out ShareGPT perplexity at {args.headline:.0%} sparsity, ETAPS vs the best "
         f"one-shot pruner at the same {at['etaps']['tokens']} calibration+training tokens",
-        at["etaps"]["ppl"], at[best]["ppl"], best, higher_is_better=False,
+        [at["etaps"]["ppl"]], [at[best]["ppl"]], best, higher_is_better=False,
         target="ratio <= 1/1.3 (ETAPS perplexity 1.3x lower)",
     )  # fmt: skip
     variants = {name: {"ppl": at[name]["ppl"], "nll": at[name]["nll"],
