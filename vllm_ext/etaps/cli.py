@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vllm_ext.etaps", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="where the model and the pruner run")
     sub = p.add_subparsers(dest="cmd", required=True)
     prune = sub.add_parser("prune", help="staged ETAPS pruning (resumable) or a one-shot baseline")
     prune.add_argument("--method", choices=METHODS, default="etaps")
@@ -70,7 +71,7 @@ def _model_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _prune_etaps(model, tok, base: Path, settings: PruneSettings, out: Path) -> dict:
+def _prune_etaps(model, tok, base: Path, settings: PruneSettings, out: Path, device) -> dict:
     from vllm_ext.etaps.data import token_blocks
     from vllm_ext.etaps.export import export_state
     from vllm_ext.etaps.pruner import StagedPruner
@@ -81,7 +82,7 @@ def _prune_etaps(model, tok, base: Path, settings: PruneSettings, out: Path) -> 
     if pruner.resume():
         print(f"resumed after stage {pruner.done} of {len(settings.targets())}", flush=True)
     n_blocks = len(settings.targets()) * settings.blocks_per_stage()
-    blocks = token_blocks(tok, n_blocks, settings.block_len, held_out=False)
+    blocks = token_blocks(tok, n_blocks, settings.block_len, held_out=False).to(device)
 
     def on_stage(sparsity: float, p: StagedPruner) -> None:
         if round(sparsity, 6) in exports:
@@ -95,7 +96,7 @@ def _prune_etaps(model, tok, base: Path, settings: PruneSettings, out: Path) -> 
 
 
 def _prune_one_shot(model, tok, base: Path, settings: PruneSettings, method: str,
-                    out: Path) -> dict:  # fmt: skip
+                    out: Path, device) -> dict:  # fmt: skip
     from vllm_ext.etaps.baselines import input_sq_sums, prune_one_shot
     from vllm_ext.etaps.data import token_blocks
     from vllm_ext.etaps.export import export
@@ -103,6 +104,7 @@ def _prune_one_shot(model, tok, base: Path, settings: PruneSettings, method: str
 
     s = settings.final_sparsity
     blocks = token_blocks(tok, settings.calib_blocks, settings.block_len, held_out=False)
+    blocks = blocks.to(device)
     if method == "sparsegpt":
         prune_sparsegpt(model, blocks, s)
     else:
@@ -136,15 +138,17 @@ def main(argv: list[str] | None = None) -> int:
 
     base = _base(args.base)
     model, tok = load_model(base)
+    model.to(args.device)
     if args.cmd == "export":
         return _reexport(model, base, args.out)
     settings = _settings(args)
     torch.manual_seed(settings.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.method == "etaps":
-        summary = _prune_etaps(model, tok, base, settings, args.out)
+        summary = _prune_etaps(model, tok, base, settings, args.out, args.device)
     else:
-        summary = _prune_one_shot(model, tok, base, settings, args.method, args.out)
+        summary = _prune_one_shot(model, tok, base, settings, args.method, args.out,
+                                  args.device)  # fmt: skip
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if "pruner_state_bytes" in summary:
         print(f"pruner state beyond the model: {summary['pruner_state_bytes'] / 2**20:.0f} MiB "

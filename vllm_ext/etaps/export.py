@@ -50,7 +50,7 @@ def export_state(
     for key, value in state.items():
         if key in skip or (tied and key == "lm_head.weight"):
             continue
-        tensors[key] = value.detach().to(torch.bfloat16).contiguous()
+        tensors[key] = value.detach().to(torch.bfloat16).cpu().contiguous()
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config["quantization_config"] = fmt.to_dict()
     config["torch_dtype"] = "bfloat16"

@@ -95,7 +95,9 @@ class EtapsSparseLinearMethod(LinearMethodBase):
         layer.etaps_in_features = input_size_per_partition
 
     def process_weights_after_loading(self, layer) -> None:
-        kernel = self.runtime.max_sparse_tokens > 0 and compiled_available()
+        # the compiled kernel is CPU-only: other devices take the dense path
+        on_cpu = layer.values.device.type == "cpu"
+        kernel = self.runtime.max_sparse_tokens > 0 and on_cpu and compiled_available()
         layer.use_kernel = kernel and self.fmt.sparsity >= self.runtime.min_kernel_sparsity
         layer.dense_weight = None
         if self.fmt.sparsity < self.runtime.min_kernel_sparsity:

@@ -23,8 +23,8 @@ class SlottedLinear(torch.nn.Module):
         self.bias = linear.bias
         self.register_buffer("keep", torch.ones_like(weight, dtype=torch.bool))
         self.register_buffer("grad_sum", torch.zeros_like(weight))
-        self.register_buffer("slots", torch.arange(n_slots, dtype=torch.long))
-        self.delta = torch.nn.Parameter(torch.zeros(n_slots))
+        self.register_buffer("slots", torch.arange(n_slots, device=weight.device))
+        self.delta = torch.nn.Parameter(torch.zeros(n_slots, device=weight.device))
         self.n_slots = n_slots
         self.tracking = False
 

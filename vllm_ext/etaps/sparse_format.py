@@ -73,7 +73,9 @@ def compact(weight: torch.Tensor, nnz: int) -> tuple[torch.Tensor, torch.Tensor]
         raise ValueError(f"a row keeps {most} weights but the format keeps {nnz} per row: "
                          "the weight is not pruned to the checkpoint's sparsity")  # fmt: skip
     # non-zeros first (ties among zeros: the lowest columns), then columns in order
-    order = nonzero.float() * 2 - torch.arange(in_features) / (2 * in_features)
+    order = nonzero.float() * 2 - torch.arange(in_features, device=weight.device) / (
+        2 * in_features
+    )
     indices = torch.topk(order, nnz, dim=1).indices.sort(dim=1).values
     values = torch.gather(weight, 1, indices)
-    return values.to(torch.bfloat16).contiguous(), indices.to(torch.int16).contiguous()
+    return values.to(torch.bfloat16).cpu().contiguous(), indices.to(torch.int16).cpu().contiguous()

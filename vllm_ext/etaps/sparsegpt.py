@@ -24,7 +24,7 @@ def _inverse_hessian_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
     h = h.clone()
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
-    h += torch.eye(h.shape[0], dtype=h.dtype) * damp * torch.diag(h).mean()
+    h += torch.eye(h.shape[0], dtype=h.dtype, device=h.device) * damp * torch.diag(h).mean()
     inv = torch.cholesky_inverse(torch.linalg.cholesky(h))
     return torch.linalg.cholesky(inv, upper=True)
 
@@ -101,7 +101,8 @@ def prune_sparsegpt(model: torch.nn.Module, blocks: torch.Tensor, sparsity: floa
     for index, layer in enumerate(tqdm(model.model.layers, desc="sparsegpt layers")):
         prefix = f"model.layers.{index}."
         linears = {n: m for n, m in names.items() if n.startswith(prefix)}
-        sums = {n: torch.zeros(m.in_features, m.in_features) for n, m in linears.items()}
+        sums = {n: torch.zeros(m.in_features, m.in_features, device=m.weight.device)
+                for n, m in linears.items()}  # fmt: skip
         hooks = []
         for name, linear in linears.items():
 
