@@ -46,6 +46,7 @@ class EtapsQuantizationConfig(QuantizationConfig):
         super().__init__()
         self.fmt = fmt
         self.runtime = runtime  # read while the model is built (vLLM's config is set then)
+        self.logged = False
 
     def get_name(self) -> str:
         return METHOD
@@ -79,6 +80,7 @@ class EtapsSparseLinearMethod(LinearMethodBase):
     """Row-sparse linear over bf16 values and int16 column indices."""
 
     def __init__(self, quant_config: EtapsQuantizationConfig) -> None:
+        self.quant_config = quant_config
         self.fmt = quant_config.fmt
         self.runtime = quant_config.runtime
 
@@ -99,6 +101,15 @@ class EtapsSparseLinearMethod(LinearMethodBase):
         on_cpu = layer.values.device.type == "cpu"
         kernel = self.runtime.max_sparse_tokens > 0 and on_cpu and compiled_available()
         layer.use_kernel = kernel and self.fmt.sparsity >= self.runtime.min_kernel_sparsity
+        if not self.quant_config.logged:
+            self.quant_config.logged = True
+            logger.info(
+                "etaps: %.0f %% sparse checkpoint on %s; compiled sparse kernel %s "
+                "(calls of up to %d tokens, checkpoints from %.0f %% sparsity)",
+                100 * self.fmt.sparsity, layer.values.device.type,
+                "on" if layer.use_kernel else "off", self.runtime.max_sparse_tokens,
+                100 * self.runtime.min_kernel_sparsity,
+            )  # fmt: skip
         layer.dense_weight = None
         if self.fmt.sparsity < self.runtime.min_kernel_sparsity:
             # the kernel loses below this sparsity: hold the dense weight instead
