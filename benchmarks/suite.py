@@ -323,6 +323,27 @@ SUITE: tuple[Entry, ...] = (
         goal=Goal(">=", 1.0),
         minutes=(1.5, 15),
     ),
+    Entry(
+        system="etaps",
+        name="etaps",
+        module="benchmarks.etaps.quality",
+        full=(),  # 5 stages x (1 calibration + 2 training blocks) x 256 tokens, 2x512 held out
+        quick=_args(
+            "--sparsities 0.5,0.7 --train-steps 1 --block-len 64 --eval-blocks 1 --eval-len 128"
+        ),
+        goal=Goal("<=", 1 / 1.3),  # ETAPS perplexity 1.3x lower than the best one-shot pruner
+        minutes=(1.5, 40),
+        min_rounds=1,  # deterministic: seeded, no timing
+    ),
+    Entry(
+        system="etaps",
+        name="etaps_kernel",
+        module="benchmarks.etaps.kernel",
+        full=_args("--rounds 3"),
+        quick=_args("--sparsities 0.9 --rounds 1 --tokens 8"),
+        goal=Goal(">=", 1.5),
+        minutes=(2, 10),
+    ),
 )
 
 

@@ -27,3 +27,7 @@ def register() -> None:
     validate_serve_argv(sys.argv)
     if supported_vllm():
         logger.debug("vllm_ext %s loaded on vLLM %s", __version__, installed_vllm_version())
+        # ETAPS has no entry point of its own: its sparse checkpoints load with the suite
+        from vllm_ext.etaps import plugin as etaps_plugin
+
+        etaps_plugin.register()

@@ -80,3 +80,23 @@ def test_dense_delta_scatters_and_carries_grad():
     assert dense.tolist() == [[1.0, 0, 0], [0, 0, 2.0]]
     (dense * torch.arange(6.0).view(2, 3)).sum().backward()
     assert delta.grad.tolist() == [0.0, 5.0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_slotted_linear_accumulates_per_token_abs_gradients(seed):
+    from vllm_ext.etaps.slotted import SlottedLinear
+
+    g = torch.Generator().manual_seed(seed)
+    rows, cols, tokens = torch.randint(2, 9, (3,), generator=g).tolist()
+    layer = SlottedLinear(torch.nn.Linear(cols, rows), n_slots=2)
+    x = torch.randn(2, tokens, cols, generator=g)
+    upstream = torch.randn(2, tokens, rows, generator=g)
+    layer.tracking = True
+    (layer(x) * upstream).sum().backward()
+    expected = upstream.reshape(-1, rows).abs().t() @ x.reshape(-1, cols).abs()
+    torch.testing.assert_close(layer.grad_sum, expected)
+    full_grad = upstream.reshape(-1, rows).t() @ x.reshape(-1, cols)  # dL/dW of the block
+    assert bool((layer.grad_sum >= full_grad.abs() - 1e-5).all())
+    layer.tracking = False
+    (layer(x) * upstream).sum().backward()  # not tracking: nothing added
+    torch.testing.assert_close(layer.grad_sum, expected)

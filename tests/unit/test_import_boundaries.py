@@ -41,6 +41,7 @@ ADAPTERS = {
     "vllm_ext.leap.request_queue",
     "vllm_ext.leap.scheduler",
     "vllm_ext.tvq.linear_method",
+    "vllm_ext.etaps.linear_method",
 }
 
 

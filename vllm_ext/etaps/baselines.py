@@ -19,7 +19,7 @@ def input_sq_sums(model: torch.nn.Module, blocks: torch.Tensor) -> dict[str, tor
     sums: dict[str, torch.Tensor] = {}
     hooks = []
     for name, linear in prunable_linears(model).items():
-        sums[name] = torch.zeros(linear.in_features)
+        sums[name] = torch.zeros(linear.in_features, device=linear.weight.device)
 
         def hook(_mod, args, _out, name=name):
             sums[name] += args[0].detach().float().pow(2).reshape(-1, args[0].shape[-1]).sum(0)

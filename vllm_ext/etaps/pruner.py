@@ -180,6 +180,18 @@ class StagedPruner:
         """``{"<linear>.weight": (w+Δ)⊙mask}`` for every pruned linear."""
         return {f"{n}.weight": layer.patched_weight() for n, layer in self.layers.items()}
 
+    @torch.no_grad()
+    def export_state(self) -> dict[str, torch.Tensor]:
+        """The model's state dict as a plain HF model would hold it, pruned weights patched."""
+        state = self.model.state_dict()
+        for name, layer in self.layers.items():
+            for key in [k for k in state if k.startswith(name + ".")]:
+                del state[key]
+            state[f"{name}.weight"] = layer.patched_weight()
+            if layer.bias is not None:
+                state[f"{name}.bias"] = layer.bias.detach()
+        return state
+
     def save(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         layers = {

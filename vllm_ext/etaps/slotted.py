@@ -1,4 +1,4 @@
-"""A linear whose weight is ``mask ⊙ w + Δ(slots)``, accumulating ``Σ|dL/dweight|``."""
+"""A linear whose weight is ``mask ⊙ w + Δ(slots)``, accumulating ``Σ_t |dL/dweight|_t``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ class SlottedLinear(torch.nn.Module):
     """Replaces an ``nn.Linear`` while pruning; the base weight is frozen.
 
     ``grad_sum`` accumulates the absolute gradient of the loss with respect to the
-    effective weight on every backward pass while ``tracking`` is on (the
-    calibration passes and the training steps of a stage).
+    effective weight, token by token (``Σ_t |δ_t| |x_t|ᵀ``, where ``dL/dW = Σ_t δ_t x_tᵀ``),
+    on every backward pass while ``tracking`` is on (the calibration passes and the
+    training steps of a stage). Per token, not per block: a block's gradient sums
+    signed contributions that cancel, and with a few thousand calibration tokens that
+    |Σ| scored worse than plain magnitude (SmolLM2, 50 %: ppl 480 vs 183).
     """
 
     def __init__(self, linear: torch.nn.Linear, n_slots: int) -> None:
@@ -23,8 +26,8 @@ class SlottedLinear(torch.nn.Module):
         self.bias = linear.bias
         self.register_buffer("keep", torch.ones_like(weight, dtype=torch.bool))
         self.register_buffer("grad_sum", torch.zeros_like(weight))
-        self.register_buffer("slots", torch.arange(n_slots, dtype=torch.long))
-        self.delta = torch.nn.Parameter(torch.zeros(n_slots))
+        self.register_buffer("slots", torch.arange(n_slots, device=weight.device))
+        self.delta = torch.nn.Parameter(torch.zeros(n_slots, device=weight.device))
         self.n_slots = n_slots
         self.tracking = False
 
@@ -33,14 +36,19 @@ class SlottedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.effective_weight()
+        x = x.to(w.dtype)
         if self.tracking and torch.is_grad_enabled():
             if not w.requires_grad:
                 w = w.detach().requires_grad_(True)
-            w.register_hook(self._accumulate)
-        return F.linear(x.to(w.dtype), w, self.bias)
+            y = F.linear(x, w, self.bias)
+            inputs = x.detach()
+            y.register_hook(lambda grad: self._accumulate(grad, inputs))
+            return y
+        return F.linear(x, w, self.bias)
 
-    def _accumulate(self, grad: torch.Tensor) -> None:
-        self.grad_sum.add_(grad.detach().abs())
+    def _accumulate(self, grad_out: torch.Tensor, inputs: torch.Tensor) -> None:
+        g = grad_out.detach().reshape(-1, grad_out.shape[-1]).abs()
+        self.grad_sum.addmm_(g.t(), inputs.reshape(-1, inputs.shape[-1]).abs())
 
     @torch.no_grad()
     def apply_mask(self, keep: torch.Tensor) -> None:

@@ -18,5 +18,5 @@ def sparse_gemm_ref(x: torch.Tensor, values: torch.Tensor, indices: torch.Tensor
 
 def densify_ref(values: torch.Tensor, indices: torch.Tensor, in_features: int) -> torch.Tensor:
     """The dense ``[N, in_features]`` weight the compact form stands for."""
-    dense = torch.zeros(values.shape[0], in_features, dtype=values.dtype)
+    dense = torch.zeros(values.shape[0], in_features, dtype=values.dtype, device=values.device)
     return dense.scatter_(1, indices.long(), values)

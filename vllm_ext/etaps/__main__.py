@@ -1,0 +1,3 @@
+from vllm_ext.etaps.cli import main
+
+raise SystemExit(main())
