@@ -291,6 +291,16 @@ SUITE: tuple[Entry, ...] = (
         minutes=(1, 10),
     ),
     Entry(
+        system="ark",
+        name="ark_nixl_testbed",
+        module="benchmarks.ark.nixl_testbed",
+        full=_args("--rounds 3"),
+        quick=None,  # needs root and nixl (not a declared dependency)
+        goal=Goal("<", 1.0),  # lower mean FCT than random ports; ark_testbed holds the target
+        minutes=(2, 5),
+        headline=False,
+    ),
+    Entry(
         system="tvq",
         name="tvq",
         module="benchmarks.tvq.quality",
