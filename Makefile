@@ -70,7 +70,7 @@ docs: install
 bench-deps: assets
 	$(PIP) install -q $(PIP_ARGS) -e ".[bench]"
 
-# every system's headline in quick mode (~20 min on 2 cores): a smoke run, not the headlines
+# every system's headline in quick mode (~30 min on 2 cores): a smoke run, not the headlines
 bench: bench-deps
 	$(PY) -m benchmarks.suite --quick
 

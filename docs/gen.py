@@ -33,8 +33,15 @@ if str(REPO) not in sys.path:
 
 RESULTS = REPO / "benchmarks" / "results"
 # docs/compat.md is written by `make compat`, not here
-FILES = ("README.md", "docs/leap.md", "docs/histate.md", "docs/flide.md", "docs/memx.md",
-         "docs/tvq.md")
+FILES = (
+    "README.md",
+    "docs/leap.md",
+    "docs/histate.md",
+    "docs/flide.md",
+    "docs/memx.md",
+    "docs/tvq.md",
+    "docs/etaps.md",
+)
 BLOCK = re.compile(
     r"(<!-- gen:(?P<kind>[a-z]+)(?: (?P<arg>[a-z_]+))? -->\n)(?P<body>.*?)"
     r"(<!-- /gen:(?P=kind) -->)",
@@ -89,10 +96,12 @@ CITED = (
     ("memx", "memx", "plan search, 3-vendor 24-GPU cluster, LLaMA-33B, one core"),
     ("ark", "ark_testbed", "KV-sized TCP flows, netns leaf-spine (2 leaves x 4 hosts, 4 spines)"),
     ("ark", "ark_sim", "flow-level simulation, 256 hosts, 8 spines, 100 Gb/s, P/D trace"),
-    ("acct", "acct", "import vs own prefill of a 1024-token context, SmolLM2-135M, CPU-s"),
+    ("acct", "acct", "import vs own prefill of 1K-8K-token contexts, SmolLM2-135M, CPU-s"),
     ("acct", "acct_quality", "next-64-token NLL after a 1024-token context, 2 held-out windows"),
     ("tvq", "tvq", "SmolLM2-135M MLPs at 3.02 bits, held-out ShareGPT, 12 TVQ steps"),
     ("tvq", "tvq_kernel", "vLLM CPU decode, 1 sequence, 3.02-bit VQ MLPs vs bf16, shared host"),
+    ("etaps", "etaps", "SmolLM2-135M pruned to 50-90 %, held-out ShareGPT, equal tokens"),
+    ("etaps", "etaps_kernel", "vLLM CPU decode, 1 sequence, 70/90 % sparse vs dense bf16"),
 )  # fmt: skip
 # the command lines of results that predate recording them (as their authors documented)
 KNOWN_COMMANDS = {
@@ -125,6 +134,8 @@ SYSTEM_ROWS = (
      "through trained converters, with a quality gate that falls back to prefill"),
     ("TVQ", "tvq", "vector-quantizes MLP weights (~2-3 bits) with trainable latents behind "
      "the codes, served by a `tvq` quantization method with a lookup-GEMV kernel"),
+    ("ETAPS", "etaps", "prunes to high sparsity in stages with trained increments on fixed "
+     "slots; serves the sparse checkpoint through an `etaps` method with a sparse kernel"),
     ("(none)", "suite", "`vllm-ext serve` with no system enabled: the suite's own overhead"),
 )  # fmt: skip
 

@@ -37,7 +37,8 @@ def test_every_system_has_a_quick_headline_in_make_bench() -> None:
     assert {e.system for e in quick} == systems
     assert {e.name for e in quick if e.system == "histate"} == {"histate_sim", "histate_engine"}
     assert all(e.headline and e.quick is not None for e in quick)
-    assert sum(e.minutes[0] for e in quick) <= 25  # "about 20 minutes on 2 cores"
+    # "about 20 minutes on 2 cores" when it had five systems; nine now, about 30
+    assert sum(e.minutes[0] for e in quick) <= 30
     assert [e.name for e in select(False, "leap")] == ["leap_sharegpt_512_cal512_next_step_x2"]
     assert [e.name for e in select(False, names=["leap_replay"])] == ["leap_replay"]
     with pytest.raises(ValueError, match="no quick mode"):
