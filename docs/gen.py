@@ -316,6 +316,8 @@ EXTRA_USES = {
     "test": "the test tiers",
     "bench": "`make bench`",
     "memx": "`vllm-ext memx`: YAML specs and the memory plot",
+    "nixl": "ARK over NIXL (`ArkNixlConnector`, the NIXL testbed)",
+    "gptq": "TVQ's GPTQ baseline (`benchmarks/tvq/gptq.py`, in a venv of its own)",
 }
 
 

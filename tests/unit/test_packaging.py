@@ -28,6 +28,8 @@ ROLES = {
     "vllm_ext/bench": ("bench", "cuda"),
     "vllm_ext/kernels": ("cuda",),
     "vllm_ext/memx": ("memx",),
+    "vllm_ext/ark": ("nixl",),
+    "benchmarks/tvq/gptq.py": ("gptq",),
     "benchmarks": ("bench", "cuda"),
 }
 
