@@ -5,8 +5,8 @@ Per sparse linear the checkpoint holds ``values [rows, nnz]`` (bf16) and
 method stays off ``WEIGHT_LOADER_V2_SUPPORTED``: vLLM's legacy loaders narrow
 every parameter with an ``output_dim`` by shard, so fused ``qkv_proj`` and
 ``gate_up_proj`` shards load with no code here. Decode-size calls run the
-compiled row-sparse GEMV; larger ones (prefill), or checkpoints below
-``min_kernel_sparsity``, use the dense weight and vLLM's GEMM.
+row-sparse GEMV (compiled on CPU, Triton on CUDA); larger ones (prefill), or
+checkpoints below ``min_kernel_sparsity``, use the dense weight and vLLM's GEMM.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_ext.common.log import get_logger
 from vllm_ext.etaps.config import SYSTEM, EtapsConfig, etaps_config
 from vllm_ext.etaps.sparse_format import METHOD, SparseFormat
-from vllm_ext.kernels.sparse_gemv import compiled_available, densify_ref, sparse_gemm
+from vllm_ext.kernels.sparse_gemv import densify_ref, kernel_available, sparse_gemm
 
 logger = get_logger(__name__)
 
@@ -97,16 +97,16 @@ class EtapsSparseLinearMethod(LinearMethodBase):
         layer.etaps_in_features = input_size_per_partition
 
     def process_weights_after_loading(self, layer) -> None:
-        # the compiled kernel is CPU-only: other devices take the dense path
-        on_cpu = layer.values.device.type == "cpu"
-        kernel = self.runtime.max_sparse_tokens > 0 and on_cpu and compiled_available()
+        # compiled kernel on CPU, Triton on CUDA; other devices take the dense path
+        device = layer.values.device.type
+        kernel = self.runtime.max_sparse_tokens > 0 and kernel_available(device)
         layer.use_kernel = kernel and self.fmt.sparsity >= self.runtime.min_kernel_sparsity
         if not self.quant_config.logged:
             self.quant_config.logged = True
             logger.info(
-                "etaps: %.0f %% sparse checkpoint on %s; compiled sparse kernel %s "
+                "etaps: %.0f %% sparse checkpoint on %s; %s sparse kernel %s "
                 "(calls of up to %d tokens, checkpoints from %.0f %% sparsity)",
-                100 * self.fmt.sparsity, layer.values.device.type,
+                100 * self.fmt.sparsity, device, "compiled" if device == "cpu" else "Triton",
                 "on" if layer.use_kernel else "off", self.runtime.max_sparse_tokens,
                 100 * self.runtime.min_kernel_sparsity,
             )  # fmt: skip
