@@ -28,6 +28,7 @@ ADAPTERS = {
     "vllm_ext.ark.prom",
     "vllm_ext.ark.nixl",
     "vllm_ext.common.prom",
+    "vllm_ext.common.quantization_config",
     "vllm_ext.flide.api",
     "vllm_ext.flide.forward",
     "vllm_ext.flide.worker",

@@ -11,69 +11,29 @@ checkpoints below ``min_kernel_sparsity``, use the dense weight and vLLM's GEMM.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
-from vllm.config import get_current_vllm_config
-from vllm.model_executor.layers.linear import (
-    LinearBase,
-    LinearMethodBase,
-    UnquantizedLinearMethod,
-)
+from vllm.model_executor.layers.linear import LinearMethodBase
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.utils import set_weight_attrs
 
 from vllm_ext.common.log import get_logger
-from vllm_ext.etaps.config import SYSTEM, EtapsConfig, etaps_config
+from vllm_ext.common.quantization_config import CheckpointQuantizationConfig
 from vllm_ext.etaps.sparse_format import METHOD, SparseFormat
 from vllm_ext.kernels.sparse_gemv import densify_ref, kernel_available, sparse_gemm
 
 logger = get_logger(__name__)
 
 
-def _runtime_config() -> EtapsConfig:
-    additional = getattr(get_current_vllm_config(), "additional_config", None) or {}
-    return etaps_config(additional.get(SYSTEM))
-
-
 @register_quantization_config(METHOD)
-class EtapsQuantizationConfig(QuantizationConfig):
+class EtapsQuantizationConfig(CheckpointQuantizationConfig):
     """``quantization_config: {"quant_method": "etaps", "sparsity", "modules"}``."""
 
-    def __init__(self, fmt: SparseFormat, runtime: EtapsConfig | None = None) -> None:
-        super().__init__()
-        self.fmt = fmt
-        self.runtime = runtime  # read while the model is built (vLLM's config is set then)
-        self.logged = False
+    METHOD = METHOD
+    FORMAT = SparseFormat
 
-    def get_name(self) -> str:
-        return METHOD
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 0
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return []
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> EtapsQuantizationConfig:
-        return cls(SparseFormat.from_dict(config))
-
-    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
-        if isinstance(layer, LinearBase):
-            if self.fmt.covers(prefix):
-                if self.runtime is None:
-                    self.runtime = _runtime_config()
-                return EtapsSparseLinearMethod(self)
-            return UnquantizedLinearMethod()
-        return None
+    def linear_method(self) -> EtapsSparseLinearMethod:
+        return EtapsSparseLinearMethod(self)
 
 
 class EtapsSparseLinearMethod(LinearMethodBase):

@@ -28,7 +28,7 @@ class QuantFormat:
     def code_dtype(self) -> torch.dtype:
         return torch.uint8 if self.num_codewords <= 256 else torch.int32
 
-    def quantizes(self, prefix: str) -> bool:
+    def covers(self, prefix: str) -> bool:
         return any(prefix == m or prefix.endswith("." + m) for m in self.modules)
 
     def to_dict(self) -> dict[str, Any]:

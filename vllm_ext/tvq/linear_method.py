@@ -12,75 +12,27 @@ larger ones dequantize once per call and run one dense matmul.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
-from vllm.model_executor.layers.linear import (
-    LinearBase,
-    LinearMethodBase,
-    UnquantizedLinearMethod,
-)
+from vllm.model_executor.layers.linear import LinearMethodBase
 from vllm.model_executor.layers.quantization import register_quantization_config
-from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.utils import set_weight_attrs
 
+from vllm_ext.common.quantization_config import CheckpointQuantizationConfig
 from vllm_ext.kernels.tvq_gemv import dequantize_shards, kernel_available, tvq_gemv
 from vllm_ext.kernels.tvq_gemv.triton import row_shards, triton_usable, tvq_gemv_triton
-from vllm_ext.tvq.config import TvqConfig, tvq_config
 from vllm_ext.tvq.format import METHOD, QuantFormat
 
 
 @register_quantization_config(METHOD)
-class TvqQuantizationConfig(QuantizationConfig):
+class TvqQuantizationConfig(CheckpointQuantizationConfig):
     """``quantization_config: {"quant_method": "tvq", "vec_dim", "num_codewords", "modules"}``."""
 
-    def __init__(self, fmt: QuantFormat, runtime: TvqConfig | None = None) -> None:
-        super().__init__()
-        self.fmt = fmt
-        self._runtime = runtime
+    METHOD = METHOD
+    FORMAT = QuantFormat
 
-    @property
-    def runtime(self) -> TvqConfig:
-        """The ``tvq`` block of ``--additional-config`` (+ ``VLLMEXT_TVQ_*``), read once.
-
-        vLLM builds this object from ``config.json`` before a ``VllmConfig``
-        exists, so the block is read when the first layer asks for its method:
-        that runs inside the loader's ``set_current_vllm_config``.
-        """
-        if self._runtime is None:
-            from vllm.config import get_current_vllm_config_or_none
-
-            from vllm_ext.common.systems import config_from_vllm
-
-            current = get_current_vllm_config_or_none()
-            self._runtime = config_from_vllm("tvq", current) if current else tvq_config()
-        return self._runtime
-
-    def get_name(self) -> str:
-        return METHOD
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16, torch.float32]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 0
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return []
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> TvqQuantizationConfig:
-        return cls(QuantFormat.from_dict(config))
-
-    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
-        if isinstance(layer, LinearBase):
-            if self.fmt.quantizes(prefix):
-                return TvqLinearMethod(self)
-            return UnquantizedLinearMethod()
-        return None
+    def linear_method(self) -> TvqLinearMethod:
+        return TvqLinearMethod(self)
 
 
 def _codebook_loader(param: torch.nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
