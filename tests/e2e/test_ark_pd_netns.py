@@ -195,7 +195,7 @@ def _prompts(seed: int, n: int) -> list[list[int]]:
     return [rng.integers(100, 40000, size=int(k)).tolist() for k in rng.integers(100, 220, n)]
 
 
-def test_concurrent_requests_are_planned_onto_distinct_spines(pd, record_property):
+def test_concurrent_requests_are_planned_onto_distinct_spines(pd):
     fabric, paths, prefill, _, url, made = pd
     per_token = _kv_bytes_per_token("smollm2")
     prompts = _prompts(11, 2)
@@ -220,13 +220,12 @@ def test_concurrent_requests_are_planned_onto_distinct_spines(pd, record_propert
     assert set(used) <= set(CANDIDATES) and sum(used.values()) >= sum(kv), (lanes, kv)
     spines = {port: paths.spine(host_ip(*PREFILL), host_ip(*DECODE), port, DATA_PORT)
               for port in used}  # fmt: skip
-    record_property("lanes_spines_carried_kv", (used, spines, carried, kv))
     assert sorted(spines.values()) == [0, 1], (spines, lanes)  # one transfer per spine
-    for port, spine in spines.items():  # where the probed map said, on the wire
-        assert carried[spine] >= used[port], (carried, used, spines)
+    for port, spine in spines.items():  # where the probed map said, on the wire: one each
+        assert used[port] <= carried[spine] < used[port] + min(kv), (carried, used, spines)
 
 
-def test_each_transfer_crosses_the_spine_the_map_predicts(pd, record_property):
+def test_each_transfer_crosses_the_spine_the_map_predicts(pd):
     fabric, paths, prefill, _, url, made = pd
     per_token = _kv_bytes_per_token("smollm2")
     for prompt in _prompts(7, 3):
@@ -241,7 +240,6 @@ def test_each_transfer_crosses_the_spine_the_map_predicts(pd, record_property):
         used = [port for port, n in lanes.items() if n >= kv]
         assert len(used) == 1 and used[0] in CANDIDATES, (lanes, kv)
         spine = paths.spine(host_ip(*PREFILL), host_ip(*DECODE), used[0], DATA_PORT)
-        record_property(f"port_spine_carried_kv_{len(made)}", (used, spine, carried, kv))
         assert carried[spine] >= kv, (carried, spine, kv)
         assert carried[1 - spine] < kv / 10, (carried, spine, kv)  # a few kB of HTTP at most
 
