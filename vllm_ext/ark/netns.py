@@ -51,6 +51,11 @@ def run_in(ns: str, *cmd: str) -> str:
     return ip("netns", "exec", ns, *cmd)
 
 
+def netns_argv(ns: str, *cmd: str) -> list[str]:
+    """``cmd`` as run inside ``ns``: a prefix for launchers (``vllm serve`` in a host)."""
+    return ["ip", "netns", "exec", ns, *cmd]
+
+
 def in_netns(ns: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` on a thread that entered ``ns``; sockets it creates stay in ``ns``."""
     libc = ctypes.CDLL(None, use_errno=True)
