@@ -8,10 +8,8 @@ gathered from an int8 ``[S, S]`` matrix — and causality. Key tiles after the
 query tile's last row are never visited, nor, when ``key_start`` is given,
 those before the smallest ``key_start`` of the tile's rows.
 
-Triton is imported guardedly: this module imports (and
-:data:`TRITON_AVAILABLE` is ``False``) on machines without it. Set
-``TRITON_INTERPRET=1`` before the first import of Triton to run the kernel on
-CPU tensors through Triton's interpreter (slow; for tests).
+Triton comes from :mod:`vllm_ext.kernels.triton_support` (guarded import; ``TRITON_INTERPRET=1``
+runs the kernel on CPU through Triton's interpreter, for tests).
 """
 
 from __future__ import annotations
@@ -20,13 +18,7 @@ import math
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-TRITON_AVAILABLE = triton is not None
+from vllm_ext.kernels.triton_support import TRITON_AVAILABLE, tl, triton
 
 __all__ = ["TRITON_AVAILABLE", "packed_attention_triton", "supports_head_dim"]
 

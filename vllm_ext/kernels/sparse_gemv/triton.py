@@ -7,25 +7,15 @@ weight is read compact (4 bytes per kept weight, never densified), which is
 what a memory-bound decode GEMV pays for; ``x`` (one row per token) stays in
 L1/L2 across the gathers.
 
-Triton is imported guardedly: this module imports (and
-:data:`TRITON_AVAILABLE` is ``False``) on machines without it. Set
-``TRITON_INTERPRET=1`` before the first import of Triton to run the kernel on
-CPU tensors through Triton's interpreter (slow; for tests).
+Triton comes from :mod:`vllm_ext.kernels.triton_support` (guarded import; ``TRITON_INTERPRET=1``
+runs the kernel on CPU through Triton's interpreter, for tests).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-TRITON_AVAILABLE = triton is not None
+from vllm_ext.kernels.triton_support import TRITON_AVAILABLE, tl, triton, triton_usable
 
 __all__ = ["TRITON_AVAILABLE", "sparse_gemm_triton", "triton_usable"]
 
@@ -34,12 +24,6 @@ BLOCK_NNZ = 64
 # tokens per program: a decode batch of up to 16 re-reads each weight tile at most
 # 4 times (from L2); the [tokens, rows, nnz] gather tile stays at 4K elements
 MAX_BLOCK_TOKENS = 4
-
-
-def triton_usable() -> bool:
-    """True on a CUDA machine with Triton, unless ``VLLMEXT_KERNELS_FORCE_REF=1``."""
-    forced = os.environ.get("VLLMEXT_KERNELS_FORCE_REF") == "1"
-    return TRITON_AVAILABLE and not forced and torch.cuda.is_available()
 
 
 if TRITON_AVAILABLE:

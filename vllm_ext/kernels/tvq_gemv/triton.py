@@ -5,36 +5,20 @@ group tile, gathers each code's codeword from the row's shard codebook (small,
 stays in L1/L2) and accumulates ``<x_group, codeword>`` in fp32, so the weight
 is read as codes (``log2 K / D`` bits per weight) and never materialised.
 
-Triton is imported guardedly: this module imports (and
-:data:`TRITON_AVAILABLE` is ``False``) on machines without it. Set
-``TRITON_INTERPRET=1`` before the first import of Triton to run the kernel on
-CPU tensors through Triton's interpreter (slow; for tests).
+Triton comes from :mod:`vllm_ext.kernels.triton_support` (guarded import; ``TRITON_INTERPRET=1``
+runs the kernel on CPU through Triton's interpreter, for tests).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:
-    triton = None
-
-TRITON_AVAILABLE = triton is not None
+from vllm_ext.kernels.triton_support import TRITON_AVAILABLE, tl, triton, triton_usable
 
 __all__ = ["TRITON_AVAILABLE", "row_shards", "triton_usable", "tvq_gemv_triton"]
 
 BLOCK_ROWS = 32
 BLOCK_GROUPS = 32
-
-
-def triton_usable() -> bool:
-    """True on a CUDA machine with Triton, unless ``VLLMEXT_KERNELS_FORCE_REF=1``."""
-    forced = os.environ.get("VLLMEXT_KERNELS_FORCE_REF") == "1"
-    return TRITON_AVAILABLE and not forced and torch.cuda.is_available()
 
 
 def row_shards(shard_rows: torch.Tensor, rows: int) -> torch.Tensor:
