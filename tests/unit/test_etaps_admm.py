@@ -120,3 +120,18 @@ def test_rejects_bad_arguments():
         prune_admm(model, _blocks(2, 1), 0.5, rho=0.0)
     with pytest.raises(ValueError, match="optimizer"):
         prune_admm(model, _blocks(2, 1), 0.5, optimizer="lion")
+
+
+def test_benchmark_baselines_argument_and_best_any():
+    import argparse
+
+    from benchmarks.etaps import quality
+
+    assert "admm" in quality.BASELINES
+    assert quality._baselines("sparsegpt, wanda,sparsegpt") == ("sparsegpt", "wanda")
+    for bad in ("admm,magnitude", "wanda,elsa"):  # no headline baseline / unknown name
+        with pytest.raises(argparse.ArgumentTypeError):
+            quality._baselines(bad)
+    at = {"etaps": {"ppl": 30.0}, "wanda": {"ppl": 40.0}, "admm": {"ppl": 20.0},
+          "magnitude": {"ppl": 50.0}}  # fmt: skip
+    assert quality._best_any(at) == {"name": "admm", "ppl": 20.0, "etaps_over_best": 1.5}
