@@ -1,4 +1,4 @@
-"""An ELSA-like ADMM pruning baseline (Kim et al. 2025, "ELSA: extreme LLM sparsity via ADMM").
+"""An ELSA-like ADMM pruning baseline (ELSA: extreme LLM sparsity via ADMM).
 
 Minimises the language-modelling loss over the prunable weights ``W`` subject to
 ``W = Z`` with ``Z`` row-sparse (each row keeps its largest ``|.|``, pruning
@@ -6,7 +6,9 @@ Minimises the language-modelling loss over the prunable weights ``W`` subject to
 pruner lands on the same sparse format). Scaled-form ADMM, one calibration
 block per iteration so the token budget is exactly the blocks given:
 
-- W-step: ``steps`` Adam (or SGD) steps on ``loss(W) + ρ/2 Σ‖W − Z + U‖²``;
+- W-step: ``steps`` Adam (or SGD) steps on ``loss(W) + ρ/2 Σ‖W − Z + U‖²`` — the
+  penalty's gradient added to the loss's, or (``prox``) Adam on the loss then the
+  penalty's exact proximal step, which small budgets need (see ``prune_admm``);
 - Z-step: ``Z = Π(W + U)`` (per-row top-k by magnitude);
 - U-step: ``U += W − Z``;
 - ``ρ`` grows by ``rho_growth`` per iteration (ELSA raises it so W settles on Z);
@@ -64,6 +66,14 @@ def _optimizer(params: list[torch.Tensor], name: str, lr: float) -> torch.optim.
 
 
 @torch.no_grad()
+def _penalty_prox(weights, z, u, rho: float) -> None:
+    """``W = argmin ½‖V − W_opt‖² + ρ/2‖V − Z + U‖²``: pull W by ``ρ/(1+ρ)`` towards ``Z − U``."""
+    pull = rho / (1.0 + rho)
+    for w, zi, ui in zip(weights, z, u, strict=True):
+        w.mul_(1.0 - pull).add_(zi, alpha=pull).sub_(ui, alpha=pull)
+
+
+@torch.no_grad()
 def _add_penalty_grad(weights, z, u, rho: float) -> None:
     """``grad += ρ (W − Z + U)``, the penalty's gradient, in place (no autograd temporaries)."""
     for w, zi, ui in zip(weights, z, u, strict=True):
@@ -80,6 +90,7 @@ def prune_admm(
     rho_growth: float = 1.0,
     lr: float = 2e-4,
     optimizer: str = "adam",
+    prox: bool = False,
 ) -> dict:
     """ADMM-prune every prunable linear of ``model`` in place, one ADMM iteration per block.
 
@@ -87,6 +98,10 @@ def prune_admm(
         blocks: ``[n, T]`` token blocks; iteration ``i`` trains on block ``i`` only.
         steps: optimizer steps per W-step (all on that iteration's block).
         rho: initial penalty weight; ``rho_growth`` multiplies it after every iteration.
+        prox: the optimizer steps on the loss alone, each followed by the penalty's exact
+            proximal step (unit step size) instead of adding its gradient: Adam moves every
+            weight by about ``lr`` per step, so within a few blocks it cannot bring the pruned
+            weights to Z and the dual grows until the mask oscillates; the prox step can.
 
     Returns:
         stats: ``blocks_used``, ``tokens``, per-iteration ``loss`` (LM loss of the
@@ -114,8 +129,11 @@ def prune_admm(
                 opt.zero_grad(set_to_none=True)
                 loss = _lm_loss(model, block)
                 loss.backward()
-                _add_penalty_grad(weights, z, u, rho)
+                if not prox:
+                    _add_penalty_grad(weights, z, u, rho)
                 opt.step()
+                if prox:
+                    _penalty_prox(weights, z, u, rho)
             losses.append(float(loss.detach()))
             with torch.no_grad():
                 pairs = list(zip(weights, z, strict=True))
