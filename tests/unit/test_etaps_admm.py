@@ -8,7 +8,7 @@ import torch
 from vllm_ext.etaps.admm import extra_state_bytes, project_rows, prune_admm
 from vllm_ext.etaps.baselines import prune_one_shot
 from vllm_ext.etaps.model_io import prunable_linears
-from vllm_ext.etaps.pruner import _lm_loss
+from vllm_ext.etaps.pruner import lm_loss
 from vllm_ext.etaps.schedule import pruned_per_row
 
 pytestmark = pytest.mark.unit
@@ -48,7 +48,7 @@ def _blocks(seed: int, n: int, length: int = 16) -> torch.Tensor:
 
 @torch.no_grad()
 def _mean_loss(model, blocks) -> float:
-    return sum(float(_lm_loss(model, b)) for b in blocks) / len(blocks)
+    return sum(float(lm_loss(model, b)) for b in blocks) / len(blocks)
 
 
 @pytest.mark.parametrize("seed", range(6))

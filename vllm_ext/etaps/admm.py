@@ -26,7 +26,7 @@ import time
 import torch
 
 from vllm_ext.etaps.model_io import prunable_linears
-from vllm_ext.etaps.pruner import _lm_loss
+from vllm_ext.etaps.pruner import lm_loss
 from vllm_ext.etaps.schedule import pruned_per_row
 from vllm_ext.etaps.scores import magnitude_score, row_mask
 
@@ -127,7 +127,7 @@ def prune_admm(
         for block in blocks:
             for _ in range(steps):
                 opt.zero_grad(set_to_none=True)
-                loss = _lm_loss(model, block)
+                loss = lm_loss(model, block)
                 loss.backward()
                 if not prox:
                     _add_penalty_grad(weights, z, u, rho)

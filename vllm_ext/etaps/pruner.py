@@ -66,7 +66,7 @@ def install_slots(model: torch.nn.Module, slot_fraction: float) -> dict[str, Slo
     return swapped
 
 
-def _lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:
+def lm_loss(model: torch.nn.Module, block: torch.Tensor) -> torch.Tensor:
     logits = model(block.unsqueeze(0)).logits[0, :-1]
     return F.cross_entropy(logits.float(), block[1:])
 
@@ -93,7 +93,7 @@ class StagedPruner:
         """Accumulate ``Σ|g|`` over ``blocks`` (no update)."""
         self._track(True)
         for block in blocks:
-            _lm_loss(self.model, block).backward()
+            lm_loss(self.model, block).backward()
         self._track(False)
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -135,7 +135,7 @@ class StagedPruner:
         self._track(True)
         for block in blocks:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = _lm_loss(self.model, block)
+            loss = lm_loss(self.model, block)
             loss.backward()
             self.optimizer.step()
             losses.append(float(loss.detach()))
