@@ -183,6 +183,13 @@ def run_all(
     return runs
 
 
+def _times(baseline: float, ours: float) -> str:
+    """``ours`` against ``baseline`` in words, whichever way it goes."""
+    if ours <= baseline:
+        return f"{baseline / ours:.2f}x lower"
+    return f"{ours / baseline:.2f}x higher"
+
+
 def variant_config(name: str, policy: str) -> dict[str, Any]:
     """Engine arguments of one (scenario, policy) run and its resolved HiState config."""
     from benchmarks.histate.serve_trace import engine_kwargs
@@ -330,10 +337,9 @@ def describe(variants: dict[str, dict], head: str, device_blocks: int, base: str
     lines += [
         "",
         f"**Verdict ({head}):** HiState p99 TTFT {ours:.2f}s vs {theirs:.2f}s for the best "
-        f"baseline ({base}): {theirs / ours:.2f}x lower (target >= 1.5x: {met}). Device pool: "
-        f"{device_blocks} blocks of 384 tokens for every policy; HiState spends no device "
-        "memory of its own. The machine was shared while this ran (other benchmarks and "
-        "builds on its 2 cores): timings carry that noise.",
+        f"baseline ({base}): {_times(theirs, ours)} (target >= 1.5x lower: {met}). Device "
+        f"pool: {device_blocks} blocks of 384 tokens for every policy; HiState spends no "
+        "device memory of its own.",
         "",
         "**Reading it.** Medians of the rounds on a 2-core CPU: TTFT percentiles of runs with "
         "the same hits differ by up to ~2x (compare LRU and HiState wherever their recomputed "
