@@ -33,7 +33,7 @@ from vllm_ext.ark.paths import LearnedMap, save_fabric_file
 from vllm_ext.ark.proxy import serve
 from vllm_ext.ark.shim import build
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, free_port
+from vllm_ext.serving import VllmServer, free_port, start_together
 
 pytestmark = [
     pytest.mark.skipif(
@@ -100,12 +100,8 @@ def pd(tmp_path_factory):
                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
                              "LD_PRELOAD": str(build())},
                         log_path=logs / "decode.log", startup_timeout_s=600)  # fmt: skip
-    servers, errors = [prefill, decode], []
-    starters = [threading.Thread(target=_start, args=(s, errors)) for s in servers]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join()
+    servers = [prefill, decode]
+    errors = start_together(servers)
     proxy = None
     try:
         if errors:
@@ -119,13 +115,6 @@ def pd(tmp_path_factory):
             proxy.server_close()
         for server in servers:
             server.stop()
-
-
-def _start(server: VllmServer, errors: list) -> None:
-    try:
-        server.start()
-    except Exception as exc:  # re-raised by the fixture, after both servers are stopped
-        errors.append(exc)
 
 
 def _complete(url: str, prompt) -> list[str]:

@@ -30,7 +30,7 @@ from vllm_ext.ark.netns import LeafSpine, host_ip, in_netns, netns_argv
 from vllm_ext.ark.paths import LearnedMap, save_fabric_file
 from vllm_ext.ark.proxy import serve
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer
+from vllm_ext.serving import VllmServer, start_together
 
 
 def _netns_works() -> bool:
@@ -81,13 +81,6 @@ def _kv_bytes_per_token(model: str) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
 
 
-def _start(server: VllmServer, errors: list) -> None:
-    try:
-        server.start()
-    except Exception as exc:  # re-raised by the fixture, after both servers are stopped
-        errors.append(exc)
-
-
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
     logs = tmp_path_factory.mktemp("ark-netns")
@@ -119,12 +112,7 @@ def pd(tmp_path_factory):
 
         servers = [make(PREFILL, "kv_producer", prefill_ark),
                    make(DECODE, "kv_consumer", decode_ark)]  # fmt: skip
-        errors: list[Exception] = []
-        starters = [threading.Thread(target=_start, args=(s, errors)) for s in servers]
-        for t in starters:
-            t.start()
-        for t in starters:
-            t.join()
+        errors = start_together(servers)
         proxy = None
         try:
             if errors:

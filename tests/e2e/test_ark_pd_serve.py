@@ -23,7 +23,7 @@ import pytest
 from tests.e2e.conftest import SERVE_ARGS, server_env, wait_for_metric
 from vllm_ext.ark.proxy import serve
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, free_port
+from vllm_ext.serving import VllmServer, free_port, start_together
 
 PORT_BASE, PORT_COUNT = 41000, 8
 
@@ -59,12 +59,7 @@ def pd(tmp_path_factory):
         for role in ("kv_producer", "kv_consumer")
     ]
     # start both at once: start-up dominates this module's time on 2 cores
-    errors: list[Exception] = []
-    starters = [threading.Thread(target=_start, args=(s, errors)) for s in servers]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join()
+    errors = start_together(servers)
     proxy = None
     try:
         if errors:
@@ -80,13 +75,6 @@ def pd(tmp_path_factory):
             proxy.server_close()
         for server in servers:
             server.stop()
-
-
-def _start(server: VllmServer, errors: list) -> None:
-    try:
-        server.start()
-    except Exception as exc:  # re-raised by the fixture, after both servers are stopped
-        errors.append(exc)
 
 
 def _client(url: str):
