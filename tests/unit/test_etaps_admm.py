@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.etaps_models import TINY_VOCAB, tiny_llama
 from vllm_ext.etaps.admm import extra_state_bytes, project_rows, prune_admm
 from vllm_ext.etaps.baselines import prune_one_shot
 from vllm_ext.etaps.model_io import prunable_linears
@@ -13,28 +14,9 @@ from vllm_ext.etaps.schedule import pruned_per_row
 
 pytestmark = pytest.mark.unit
 
-VOCAB = 64
+VOCAB = TINY_VOCAB
 # settings under which ADMM reliably helps on the tiny model (checked over seeds 0-4)
 ADMM = {"lr": 1e-2, "rho": 1.0, "rho_growth": 1.2}
-
-
-def _tiny_model(seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
 
 
 def _blocks(seed: int, n: int, length: int = 16) -> torch.Tensor:
@@ -69,7 +51,7 @@ def test_z_step_equals_plain_per_row_top_k(seed):
 
 @pytest.mark.parametrize("sparsity", [0.5, 0.73, 0.9])
 def test_every_prunable_layer_ends_exactly_at_the_target_sparsity(sparsity):
-    model = _tiny_model(0)
+    model = tiny_llama(0)
     stats = prune_admm(model, _blocks(0, 4), sparsity, steps=2, **ADMM)
     for name, linear in prunable_linears(model).items():
         cols = linear.in_features
@@ -83,7 +65,7 @@ def test_every_prunable_layer_ends_exactly_at_the_target_sparsity(sparsity):
 
 
 def test_consumes_exactly_the_given_blocks_in_order():
-    model = _tiny_model(1)
+    model = tiny_llama(1)
     blocks = _blocks(1, 5)
     seen = []
     hook = model.model.embed_tokens.register_forward_hook(
@@ -101,12 +83,12 @@ def test_consumes_exactly_the_given_blocks_in_order():
 @pytest.mark.parametrize("seed", range(3))
 def test_admm_beats_magnitude_and_unconstrained_training_on_the_calibration_loss(seed):
     sparsity, blocks = 0.8, _blocks(seed, 30)
-    magnitude = _tiny_model(seed)
+    magnitude = tiny_llama(seed)
     prune_one_shot(magnitude, sparsity)
-    admm = _tiny_model(seed)
+    admm = tiny_llama(seed)
     prune_admm(admm, blocks, sparsity, **ADMM)
     # the same training with a negligible penalty: train dense, then hard-prune
-    unconstrained = _tiny_model(seed)
+    unconstrained = tiny_llama(seed)
     prune_admm(unconstrained, blocks, sparsity, lr=ADMM["lr"], rho=1e-8)
     loss = _mean_loss(admm, blocks)
     assert loss < _mean_loss(magnitude, blocks) - 0.1
@@ -114,7 +96,7 @@ def test_admm_beats_magnitude_and_unconstrained_training_on_the_calibration_loss
 
 
 def test_rejects_bad_arguments():
-    model = _tiny_model(2)
+    model = tiny_llama(2)
     with pytest.raises(ValueError, match="blocks"):
         prune_admm(model, torch.zeros(0, 8, dtype=torch.long), 0.5)
     with pytest.raises(ValueError, match="rho"):
@@ -141,9 +123,9 @@ def test_benchmark_baselines_argument_and_best_any():
 @pytest.mark.parametrize("seed", range(2))
 def test_prox_w_step_converges_onto_z_and_beats_magnitude(seed):
     sparsity, blocks = 0.8, _blocks(seed, 30)
-    magnitude = _tiny_model(seed)
+    magnitude = tiny_llama(seed)
     prune_one_shot(magnitude, sparsity)
-    admm = _tiny_model(seed)
+    admm = tiny_llama(seed)
     stats = prune_admm(admm, blocks, sparsity, lr=1e-2, rho=0.1, rho_growth=1.2, prox=True)
     assert stats["gap"][-1] < 1e-3 * max(stats["gap"])  # W settled on Z: the hard prune is free
     assert _mean_loss(admm, blocks) < _mean_loss(magnitude, blocks) - 0.1

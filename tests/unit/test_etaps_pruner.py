@@ -5,29 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.etaps_models import tiny_llama
 from vllm_ext.etaps.pruner import PruneSettings, StagedPruner
 from vllm_ext.etaps.schedule import pruned_per_row
 
 pytestmark = pytest.mark.unit
-
-
-def _tiny_model(seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
 
 
 SETTINGS = PruneSettings(
@@ -49,7 +31,7 @@ def _blocks(seed: int) -> torch.Tensor:
 
 
 def test_stages_prune_monotonically_and_keep_slots_on_survivors(tmp_path):
-    model = _tiny_model(0)
+    model = tiny_llama(0)
     pruner = StagedPruner(model, SETTINGS, tmp_path)
     masks = []
     pruner.run(
@@ -73,7 +55,7 @@ def test_stages_prune_monotonically_and_keep_slots_on_survivors(tmp_path):
 
 
 def test_resume_continues_bit_for_bit(tmp_path):
-    full = StagedPruner(_tiny_model(1), SETTINGS, tmp_path / "full")
+    full = StagedPruner(tiny_llama(1), SETTINGS, tmp_path / "full")
     full.run(_blocks(1))
 
     class Stop(Exception):
@@ -82,10 +64,10 @@ def test_resume_continues_bit_for_bit(tmp_path):
     def stop_after_first(_s, _p):
         raise Stop
 
-    first = StagedPruner(_tiny_model(1), SETTINGS, tmp_path / "cut")
+    first = StagedPruner(tiny_llama(1), SETTINGS, tmp_path / "cut")
     with pytest.raises(Stop):
         first.run(_blocks(1), on_stage=stop_after_first)
-    resumed = StagedPruner(_tiny_model(1), SETTINGS, tmp_path / "cut")
+    resumed = StagedPruner(tiny_llama(1), SETTINGS, tmp_path / "cut")
     assert resumed.resume() and resumed.done == 1
     resumed.run(_blocks(1))
     a, b = full.patched_state_dict(), resumed.patched_state_dict()
@@ -94,7 +76,7 @@ def test_resume_continues_bit_for_bit(tmp_path):
 
 
 def test_resume_refuses_other_settings(tmp_path):
-    StagedPruner(_tiny_model(2), SETTINGS, tmp_path).save()
+    StagedPruner(tiny_llama(2), SETTINGS, tmp_path).save()
     other = PruneSettings(final_sparsity=0.7, stages=2, block_len=16)
     with pytest.raises(ValueError, match="other settings"):
-        StagedPruner(_tiny_model(2), other, tmp_path).resume()
+        StagedPruner(tiny_llama(2), other, tmp_path).resume()
