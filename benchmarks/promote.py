@@ -6,6 +6,8 @@ and ``.png``. It refuses a run
 - made from a dirty checkout (its fingerprint says ``git.dirty``), unless
   ``--allow-dirty`` is given *and* the run recorded the sha256 of its
   ``git diff HEAD`` (then the hash travels with the result);
+- whose code changed while it ran (``git.changed_during_run``: a commit or a
+  tracked file newer than the run's start), so neither state describes it;
 - whose commit is not HEAD or an ancestor of it (the code is not in this branch);
 - that was a quick run (``config.quick``, or any file under ``benchmarks/out/quick/``);
 - whose headline has fewer rounds than its suite entry needs (3 unless the
@@ -42,6 +44,12 @@ def check(data: dict[str, Any], repo: Path, allow_dirty: bool = False) -> None:
     commit = git.get("commit")
     if not isinstance(commit, str) or not _SHA.match(commit):
         raise PromoteError(f"{name}: no git commit recorded ({commit!r})")
+    # before the dirty check: a diff hash taken at the end does not describe it either
+    if git.get("changed_during_run") is True:
+        raise PromoteError(
+            f"{name}: the checkout changed while it ran (a commit or a tracked file is newer "
+            "than the run's start); rerun it on a checkout nobody edits"
+        )
     dirty = git.get("dirty")
     if dirty is not False:
         if dirty is not True:

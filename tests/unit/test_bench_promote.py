@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,13 @@ def repo(tmp_path) -> Path:
     return root
 
 
-def _run(repo: Path, name: str = "demo", rounds: int = 3, **config) -> Path:
-    """A real result file as a run in ``repo``'s current state would write it."""
+def _run(
+    repo: Path, name: str = "demo", rounds: int = 3, started: float | None = None, **config
+) -> Path:
+    """A real result file as a run in ``repo``'s current state would write it.
+
+    The run started at ``started`` (default: now, after every change the test made).
+    """
     out = repo / "benchmarks" / "out"
     result = BenchResult(
         name=name,
@@ -43,7 +49,9 @@ def _run(repo: Path, name: str = "demo", rounds: int = 3, **config) -> Path:
         headline=headline_from_rounds(
             "x", [1.0 + i for i in range(rounds)], [2.0] * rounds, "base", False
         ),
-        fingerprint=collect_fingerprint(repo_dir=repo, include_torch=False),
+        fingerprint=collect_fingerprint(
+            repo_dir=repo, include_torch=False, started=time.time() if started is None else started
+        ),
         config=config,
     )
     write_result(result, out)
@@ -73,6 +81,29 @@ def test_run_from_a_dirty_tree_is_refused_by_default(repo) -> None:
     promote("demo", out, target, repo, allow_dirty=True)
     git = json.loads((target / "demo.json").read_text())["fingerprint"]["git"]
     assert git["dirty"] is True and len(git["diff_sha256"]) == 64
+
+
+def test_run_whose_code_changed_while_it_ran_is_refused(repo) -> None:
+    started = time.time()
+    time.sleep(0.05)  # longer than the kernel's coarse file-time tick: the edit is after it
+    (repo / "code.py").write_text("x = 3\n")
+    with pytest.raises(PromoteError, match="changed while it ran"):
+        promote("demo", _run(repo, started=started), repo / "r", repo)
+    # committed before the run ends the tree is clean again, yet the run used both versions
+    _git(repo, "commit", "-qam", "mid-run")
+    out = _run(repo, started=started)
+    git = json.loads((out / "demo.json").read_text())["fingerprint"]["git"]
+    assert git["dirty"] is False and git["changed_during_run"] is True
+    with pytest.raises(PromoteError, match="changed while it ran"):
+        promote("demo", out, repo / "r", repo)
+    # a commit with no file touched after the start (e.g. a checkout's HEAD moved) counts too
+    later = int(time.time()) + 1  # committer time is whole seconds: start on one
+    time.sleep(later + 1.05 - time.time())
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "empty")
+    assert json.loads((_run(repo, started=later) / "demo.json").read_text())["fingerprint"][
+        "git"
+    ]["changed_during_run"] is True
+    promote("demo", _run(repo), repo / "r", repo)  # a fresh run on the settled tree passes
 
 
 def test_dirty_run_without_a_diff_hash_is_refused_even_when_allowed(repo) -> None:

@@ -11,7 +11,10 @@ A fingerprint is published with the result, so it holds no host name and no
 absolute path (the checkout, the interpreter and vLLM's folder are left out;
 any path a probe reports is scrubbed by :func:`vllm_ext.bench.provenance.scrub`).
 A dirty checkout is recorded with the sha256 of ``git diff HEAD``, so the exact
-code of a run can be told apart from the commit's.
+code of a run can be told apart from the commit's. The checkout is read when the
+result is written, so ``git.changed_during_run`` says whether a commit or a
+tracked code file is newer than this module's import (the run's start): a run
+whose code changed under it cannot be described by either state.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,9 @@ from typing import Any
 from vllm_ext.bench.provenance import scrub
 
 logger = logging.getLogger(__name__)
+
+# benchmarks import this module at their top, so its import time is when their run started
+RUN_STARTED = time.time()
 
 FINGERPRINT_SCHEMA = 2
 # results are promoted into this folder of the checkout: changing them does not change the code
@@ -288,12 +295,30 @@ def _git(repo: Path, *args: str) -> str:
 CODE_PATHSPEC = ("--", ".", f":(exclude){RESULTS_DIR}")
 
 
-def git_state(repo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def changed_since(repo: Path, started: float) -> bool:
+    """Whether HEAD was committed, or a tracked code file written, after ``started``."""
+    if int(_git(repo, "log", "-1", "--format=%ct", "HEAD")) > started:
+        return True
+    listed = _git_bytes(repo, "ls-files", "-z", *CODE_PATHSPEC).split(b"\0")
+    for name in filter(None, listed):
+        try:
+            if (repo / os.fsdecode(name)).stat().st_mtime > started:
+                return True
+        except FileNotFoundError:  # deleted: ``dirty`` says so
+            continue
+    return False
+
+
+def git_state(
+    repo_dir: str | os.PathLike[str] | None = None, started: float | None = RUN_STARTED
+) -> dict[str, Any]:
     """Commit, branch, dirty flag and (when dirty) ``diff_sha256`` of the checkout.
 
     ``dirty`` means a tracked file outside ``benchmarks/results/`` differs from
     HEAD; ``diff_sha256`` is the sha256 of ``git diff HEAD --binary`` over the
-    same files. Read-only commands; a failing one is recorded as an error.
+    same files; ``changed_during_run`` (unless ``started`` is None) whether a
+    commit or one of those files is newer than ``started``. Read-only commands;
+    a failing one is recorded as an error.
     """
     repo = Path(repo_dir) if repo_dir else Path.cwd()
     info: dict[str, Any] = {}
@@ -314,6 +339,10 @@ def git_state(repo_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
             info["diff_sha256"] = hashlib.sha256(diff).hexdigest()
         else:
             info["diff_sha256"] = diff
+    if started is not None:
+        info["changed_during_run"] = _guard(
+            "git.changed_during_run", lambda: changed_since(repo, started)
+        )
     return info
 
 
@@ -327,12 +356,16 @@ def _probe_env() -> dict[str, str]:
 
 
 def collect_fingerprint(
-    repo_dir: str | os.PathLike[str] | None = None, *, include_torch: bool = True
+    repo_dir: str | os.PathLike[str] | None = None,
+    *,
+    include_torch: bool = True,
+    started: float | None = RUN_STARTED,
 ) -> dict[str, Any]:
     """Collect the environment fingerprint as a JSON-serialisable dict.
 
     ``repo_dir`` is the git checkout to describe (default: the current
-    directory). ``include_torch=False`` skips importing torch.
+    directory); ``started`` when the run began (see :func:`git_state`).
+    ``include_torch=False`` skips importing torch.
     """
     uname = platform.uname()
     fingerprint = {
@@ -354,7 +387,7 @@ def collect_fingerprint(
         "vllm": _guard("vllm", _probe_vllm),
         "torch": (_guard("torch", _probe_torch) if include_torch else {"skipped": True}),
         "gpu": _guard("gpu", _probe_gpu),
-        "git": _guard("git", lambda: git_state(repo_dir)),
+        "git": _guard("git", lambda: git_state(repo_dir, started)),
         "packages": {name: _pkg_version(name) for name in KEY_PACKAGES},
         "env": _guard("env", _probe_env),
     }
