@@ -100,9 +100,8 @@ def test_run_whose_code_changed_while_it_ran_is_refused(repo) -> None:
     later = int(time.time()) + 1  # committer time is whole seconds: start on one
     time.sleep(later + 1.05 - time.time())
     _git(repo, "commit", "-q", "--allow-empty", "-m", "empty")
-    assert json.loads((_run(repo, started=later) / "demo.json").read_text())["fingerprint"][
-        "git"
-    ]["changed_during_run"] is True
+    late = json.loads((_run(repo, started=later) / "demo.json").read_text())
+    assert late["fingerprint"]["git"]["changed_during_run"] is True
     promote("demo", _run(repo), repo / "r", repo)  # a fresh run on the settled tree passes
 
 
