@@ -23,7 +23,7 @@ import time
 import torch
 
 from vllm_ext.bench import BenchResult, collect_fingerprint, headline_from_rounds, write_result
-from vllm_ext.etaps.admm import prune_admm
+from vllm_ext.etaps.admm import FEW_BLOCKS, prune_admm
 from vllm_ext.etaps.baselines import input_sq_sums, prune_one_shot
 from vllm_ext.etaps.data import token_blocks
 from vllm_ext.etaps.model_io import load_model, perplexity
@@ -32,10 +32,9 @@ from vllm_ext.etaps.sparsegpt import prune_sparsegpt
 
 BASELINES = ("wanda", "sparsegpt", "magnitude", "admm")
 HEADLINE_BASELINES = ("wanda", "sparsegpt")  # the headline: the best one-shot pruner
-# ADMM defaults, from a 4-block sweep at 70 % (report): with Adam on the penalty's gradient the
-# pruned weights move ~lr per step, never reach Z in a few blocks, the dual grows and the mask
-# oscillates (ppl 1e5-1e8); the exact prox step with rho doubling each block lands W on Z
-ADMM_LR, ADMM_RHO, ADMM_RHO_GROWTH, ADMM_PENALTY = 3e-4, 1.0, 2.0, "prox"
+# ADMM defaults: the settings its module tuned for a budget of a few blocks
+ADMM_LR, ADMM_RHO, ADMM_RHO_GROWTH = (FEW_BLOCKS[k] for k in ("lr", "rho", "rho_growth"))
+ADMM_PENALTY = "prox" if FEW_BLOCKS["prox"] else "grad"
 
 
 def _point(sparsity: float, ppl: float, tokens: int, cpu_s: float) -> dict:

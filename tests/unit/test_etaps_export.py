@@ -104,3 +104,25 @@ def test_cli_prunes_resumes_exports_and_evaluates(tmp_path, capsys):
     assert main(argv) == 0 and "resumed after stage 2 of 2" in capsys.readouterr().out
     assert main(["eval", "--ckpt", str(out / "ckpt-70"), "--blocks", "1", "--block-len", "16"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ppl"] > 1
+
+
+def test_cli_admm_baseline_exports_a_checkpoint_at_the_sparsity(tmp_path, capsys):
+    from vllm_ext.etaps.cli import main
+    from vllm_ext.etaps.export import load_reference
+    from vllm_ext.etaps.model_io import prunable_linears
+
+    out = tmp_path / "admm"
+    argv = ["--threads", "1", "prune", "--method", "admm", "--base", "tiny-llama",
+            "--out", str(out), "--final-sparsity", "0.6", "--calib-blocks", "2",
+            "--block-len", "16"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "admm" and len(summary["loss"]) == 2 and summary["tokens"] == 32
+    back = load_reference(out / "ckpt-60")
+    linears = prunable_linears(back)
+    # fp32 Z, U, a gradient and two Adam moments for every prunable weight
+    prunable_fp32_bytes = 4 * sum(linear.weight.numel() for linear in linears.values())
+    assert summary["pruner_state_bytes"] >= 5 * prunable_fp32_bytes
+    for name, linear in linears.items():
+        zeros = (linear.weight == 0).sum(1)
+        assert bool((zeros >= pruned_per_row(linear.in_features, 0.6)).all()), name

@@ -4,7 +4,9 @@
   pruner on ShareGPT blocks; resumes from ``DIR/state.pt``; exports ``DIR/ckpt-<pct>`` at
   the final sparsity and at every ``--checkpoints`` one; ``DIR/summary.json`` holds the
   per-stage log and the pruner's extra memory. ``--method wanda|sparsegpt|magnitude``
-  prunes one-shot to ``--final-sparsity`` on ``--calib-blocks`` blocks instead.
+  prunes one-shot to ``--final-sparsity`` on ``--calib-blocks`` blocks instead;
+  ``--method admm`` (ELSA-like) runs one ADMM iteration per calibration block, with the
+  settings :data:`vllm_ext.etaps.admm.FEW_BLOCKS`.
 - ``export --out DIR``: re-export ``DIR/ckpt-<pct>`` from ``DIR/state.pt`` (last finished stage).
 - ``eval --ckpt DIR [--blocks 4 --block-len 512]``: held-out ShareGPT perplexity in torch.
 
@@ -22,7 +24,7 @@ import torch
 
 from vllm_ext.etaps.pruner import PruneSettings
 
-METHODS = ("etaps", "wanda", "sparsegpt", "magnitude")
+METHODS = ("etaps", "wanda", "sparsegpt", "magnitude", "admm")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -97,6 +99,7 @@ def _prune_etaps(model, tok, base: Path, settings: PruneSettings, out: Path, dev
 
 def _prune_one_shot(model, tok, base: Path, settings: PruneSettings, method: str,
                     out: Path, device) -> dict:  # fmt: skip
+    from vllm_ext.etaps.admm import FEW_BLOCKS, prune_admm
     from vllm_ext.etaps.baselines import input_sq_sums, prune_one_shot
     from vllm_ext.etaps.data import token_blocks
     from vllm_ext.etaps.export import export
@@ -105,13 +108,18 @@ def _prune_one_shot(model, tok, base: Path, settings: PruneSettings, method: str
     s = settings.final_sparsity
     blocks = token_blocks(tok, settings.calib_blocks, settings.block_len, held_out=False)
     blocks = blocks.to(device)
+    summary = {"method": method, "sparsity": s, "tokens": blocks.numel()}
     if method == "sparsegpt":
         prune_sparsegpt(model, blocks, s)
+    elif method == "admm":
+        stats = prune_admm(model, blocks, s, **FEW_BLOCKS)
+        summary |= {"loss": stats["loss"], "pruner_state_bytes": stats["extra_state_bytes"],
+                    "model_bytes": _model_bytes(model)}  # fmt: skip
     else:
         prune_one_shot(model, s, input_sq_sums(model, blocks) if method == "wanda" else None)
     path = export(model, base, ckpt_dir(out, s), s)
     print(f"exported {path}", flush=True)
-    return {"method": method, "sparsity": s, "tokens": blocks.numel()}
+    return summary
 
 
 def _eval(args) -> dict:
