@@ -340,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown variants {unknown}; choose from {VARIANTS}")
     if args.quick:
         args.calibration, args.requests, args.drift, args.max_tokens = 32, 8, 8, 32
+    try:  # the encoder baseline always runs: fail now, not after the recording (~20 min)
+        encoder.minilm_path()
+    except ImportError as exc:
+        parser.error(f"{exc} (or `make bench-deps`)")
     rates = sorted(float(r) for r in args.rates.split(","))
     model = model_path("smollm2")
     work = Path(tempfile.mkdtemp(prefix="bench-leap-"))

