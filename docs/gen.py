@@ -106,9 +106,6 @@ CITED = (
 # the command lines of results that predate recording them (as their authors documented)
 KNOWN_COMMANDS = {
     "fcfs_sharegpt": "python -m benchmarks.fcfs_sharegpt",
-    "leap_sharegpt_512_cal512_next_step_x2": "python -m benchmarks.leap --max-tokens 512 "
-    "--dtype float32 --calibration 512 --drift 32 --rates inf --variants leap_next_step "
-    "--repeats 2 --name leap_sharegpt_512_cal512_next_step_x2",
     "leap_sharegpt_512_cal512_rates": "python -m benchmarks.leap --max-tokens 512 "
     "--dtype float32 --calibration 512 --drift 32 --rates 0.12,0.2 --variants leap "
     "--repeats 1 --name leap_sharegpt_512_cal512_rates",
