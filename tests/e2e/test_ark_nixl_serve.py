@@ -20,12 +20,12 @@ import os
 import re
 import shutil
 import subprocess
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.e2e.ark_pd import pd_behind_proxy, serving_in_thread
 from tests.e2e.conftest import SERVE_ARGS, server_env
 from vllm_ext.ark.config import load_ark_config
 from vllm_ext.ark.nixl import listener_plans
@@ -33,7 +33,7 @@ from vllm_ext.ark.paths import LearnedMap, save_fabric_file
 from vllm_ext.ark.proxy import serve
 from vllm_ext.ark.shim import build
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, free_port, start_together
+from vllm_ext.serving import VllmServer, free_port
 
 pytestmark = [
     pytest.mark.skipif(
@@ -100,21 +100,12 @@ def pd(tmp_path_factory):
                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
                              "LD_PRELOAD": str(build())},
                         log_path=logs / "decode.log", startup_timeout_s=600)  # fmt: skip
-    servers = [prefill, decode]
-    errors = start_together(servers)
-    proxy = None
-    try:
-        if errors:
-            raise errors[0]
-        proxy = serve("127.0.0.1", 0, prefill.base_url, decode.base_url, None)
-        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+
+    def start_proxy(prefill, decode):
+        return serving_in_thread(serve("127.0.0.1", 0, prefill.base_url, decode.base_url, None))
+
+    with pd_behind_proxy([prefill, decode], start_proxy) as proxy:
         yield prefill, decode, f"http://127.0.0.1:{proxy.server_address[1]}", ark, logs
-    finally:
-        if proxy is not None:
-            proxy.shutdown()
-            proxy.server_close()
-        for server in servers:
-            server.stop()
 
 
 def _complete(url: str, prompt) -> list[str]:

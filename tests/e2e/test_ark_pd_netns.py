@@ -25,12 +25,13 @@ import urllib.request
 import numpy as np
 import pytest
 
+from tests.e2e.ark_pd import ark_kv_config, pd_behind_proxy, serving_in_thread
 from tests.e2e.conftest import SERVE_ARGS, server_env, wait_for_metric
 from vllm_ext.ark.netns import LeafSpine, host_ip, in_netns, netns_argv
 from vllm_ext.ark.paths import LearnedMap, save_fabric_file
 from vllm_ext.ark.proxy import serve
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, start_together
+from vllm_ext.serving import VllmServer
 
 
 def _netns_works() -> bool:
@@ -66,14 +67,6 @@ class NsServer(VllmServer):
         return in_netns(self.ns, lambda: VllmServer.get(self, path))
 
 
-def _kv(role: str) -> str:
-    config = {"kv_connector": "ArkConnector", "kv_connector_module_path":
-              "vllm_ext.ark.connector", "kv_role": role}  # fmt: skip
-    if role == "kv_consumer":
-        config["kv_load_failure_policy"] = "recompute"
-    return json.dumps(config)
-
-
 def _kv_bytes_per_token(model: str) -> int:
     """K and V of every layer for one token, float32 (the dtype both servers run)."""
     cfg = json.loads((model_path(model) / "config.json").read_text())
@@ -105,35 +98,24 @@ def pd(tmp_path_factory):
         env = {**server_env(), "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
         def make(where, role, ark):
-            args = [*common, "--kv-transfer-config", _kv(role),
+            args = [*common, "--kv-transfer-config", ark_kv_config(role),
                     "--additional-config", json.dumps({"ark": ark})]  # fmt: skip
             return NsServer(fabric.host(*where), host_ip(*where), model, args, env=env,
                             log_path=logs / f"{role}.log", startup_timeout_s=600)  # fmt: skip
 
         servers = [make(PREFILL, "kv_producer", prefill_ark),
                    make(DECODE, "kv_consumer", decode_ark)]  # fmt: skip
-        errors = start_together(servers)
-        proxy = None
-        try:
-            if errors:
-                raise errors[0]
-            prefill, decode = servers
 
-            def start_proxy():  # its socket and its handler threads live in the client host
-                httpd = serve(host_ip(*CLIENT), 0, prefill.base_url, decode.base_url,
-                              (dst, DATA_PORT))  # fmt: skip
-                threading.Thread(target=httpd.serve_forever, daemon=True).start()
-                return httpd
+        def start_proxy(prefill, decode):  # its socket and handler threads live in the client
+            def start():
+                return serving_in_thread(serve(host_ip(*CLIENT), 0, prefill.base_url,
+                                               decode.base_url, (dst, DATA_PORT)))  # fmt: skip
 
-            proxy = in_netns(fabric.host(*CLIENT), start_proxy)
+            return in_netns(fabric.host(*CLIENT), start)
+
+        with pd_behind_proxy(servers, start_proxy) as proxy:
             url = f"http://{host_ip(*CLIENT)}:{proxy.server_address[1]}"
-            yield fabric, paths, prefill, decode, url, []  # KV sizes of the transfers made
-        finally:
-            if proxy is not None:
-                proxy.shutdown()
-                proxy.server_close()
-            for server in servers:
-                server.stop()
+            yield fabric, paths, *servers, url, []  # KV sizes of the transfers made
 
 
 def _complete(fabric: LeafSpine, url: str, prompt: list[int]) -> list[str]:

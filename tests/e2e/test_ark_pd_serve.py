@@ -14,26 +14,18 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import threading
 import time
 
 import numpy as np
 import pytest
 
+from tests.e2e.ark_pd import ark_kv_config, pd_behind_proxy, serving_in_thread
 from tests.e2e.conftest import SERVE_ARGS, server_env, wait_for_metric
 from vllm_ext.ark.proxy import serve
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, free_port, start_together
+from vllm_ext.serving import VllmServer, free_port
 
 PORT_BASE, PORT_COUNT = 41000, 8
-
-
-def _kv(role: str) -> str:
-    config = {"kv_connector": "ArkConnector", "kv_connector_module_path":
-              "vllm_ext.ark.connector", "kv_role": role}  # fmt: skip
-    if role == "kv_consumer":
-        config["kv_load_failure_policy"] = "recompute"
-    return json.dumps(config)
 
 
 @pytest.fixture(scope="module")
@@ -52,29 +44,20 @@ def pd(tmp_path_factory):
     servers = [
         VllmServer(
             model,
-            [*common, "--kv-transfer-config", _kv(role)],
+            [*common, "--kv-transfer-config", ark_kv_config(role)],
             env=env,
             log_path=logs / f"{role}.log",
         )
         for role in ("kv_producer", "kv_consumer")
     ]
-    # start both at once: start-up dominates this module's time on 2 cores
-    errors = start_together(servers)
-    proxy = None
-    try:
-        if errors:
-            raise errors[0]
-        prefill, decode = servers
-        proxy = serve("127.0.0.1", 0, prefill.base_url, decode.base_url,
-                      ("127.0.0.1", data_port))  # fmt: skip
-        threading.Thread(target=proxy.serve_forever, daemon=True).start()
-        yield prefill, decode, f"http://127.0.0.1:{proxy.server_address[1]}", ark
-    finally:
-        if proxy is not None:
-            proxy.shutdown()
-            proxy.server_close()
-        for server in servers:
-            server.stop()
+
+    def start_proxy(prefill, decode):
+        kv = ("127.0.0.1", data_port)
+        return serving_in_thread(serve("127.0.0.1", 0, prefill.base_url, decode.base_url, kv))
+
+    # both servers start at once: start-up dominates this module's time on 2 cores
+    with pd_behind_proxy(servers, start_proxy) as proxy:
+        yield *servers, f"http://127.0.0.1:{proxy.server_address[1]}", ark
 
 
 def _client(url: str):
