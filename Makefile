@@ -17,7 +17,7 @@ STAMP := $(VENV)/.vllm_ext-installed
 
 BENCH_SYSTEMS := suite leap histate flide memx acct ark tvq etaps
 
-.PHONY: install assets test test-unit test-engine test-e2e test-gpu demo bench bench-deps \
+.PHONY: install assets releases test test-unit test-engine test-e2e test-gpu test-034 demo bench bench-deps \
         $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed compat lint clean
 
 install: $(STAMP)
@@ -40,8 +40,20 @@ define run_pytest
 	if [ $$rc -eq 5 ]; then echo "ERROR: pytest collected no tests ($(1))" >&2; exit 1; fi; exit $$rc
 endef
 
-test: assets
-	$(call run_pytest,tests)
+# vLLM releases whose Python code and test suites we run beside the installed 0.32 engine:
+# pinned sdists (sha256-checked) unpacked into .vllm-releases/ (tests/vllm_releases.py)
+releases: install
+	$(PY) -m tests.vllm_releases fetch
+
+# the 0.32 tiers (unit, engine, e2e; vLLM's own suites with our classes swapped in), then
+# the 0.34 tier in a process that imports 0.34's code
+test: assets releases
+	$(call run_pytest,tests --ignore=tests/vllm034)
+	$(MAKE) --no-print-directory test-034
+
+test-034: assets releases
+	export PYTHONPATH="$(CURDIR)/.vllm-releases/0.34.0" VLLM_TARGET_DEVICE=cpu \
+	  VLLM_EXT_RELEASE_UNDER_TEST=0.34.0; $(call run_pytest,tests/vllm034)
 
 test-unit: install
 	$(call run_pytest,tests/unit)

@@ -17,7 +17,9 @@ import pytest
 # must be set before vLLM is imported anywhere in this process
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-TIERS = ("unit", "engine", "e2e", "gpu")
+TIERS = ("unit", "engine", "e2e", "gpu", "vllm034")
+# the tier that runs a newer release's code, only where that code is imported (make test-034)
+RELEASE_TIERS = {"vllm034": "0.34.0"}
 
 
 def _has_vllm() -> bool:
@@ -38,6 +40,9 @@ def pytest_collection_modifyitems(config, items):
         skip_reasons["engine"] = skip_reasons["e2e"] = "vLLM is not installed"
     if not _has_cuda():
         skip_reasons["gpu"] = "no CUDA device"
+    for tier, version in RELEASE_TIERS.items():
+        if os.environ.get("VLLM_EXT_RELEASE_UNDER_TEST") != version:
+            skip_reasons[tier] = f"needs vLLM {version}'s code imported: make test-034"
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
