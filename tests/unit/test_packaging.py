@@ -65,8 +65,14 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
+# test helpers imported by bare name from the folder that adds itself to sys.path
+# (tests/release_shim.py, tests/vllm_suites/runner.py, tests/vllm034/*_helpers.py, ...)
+TEST_MODULES = {path.stem for path in (REPO / "tests").rglob("*.py")}
+
+
 def _third_party(names: set[str]) -> set[str]:
-    return {n for n in names if n not in sys.stdlib_module_names and n not in FIRST_PARTY}
+    first_party = FIRST_PARTY | TEST_MODULES
+    return {n for n in names if n not in sys.stdlib_module_names and n not in first_party}
 
 
 # import names of optional packages that may be missing here, with their distribution
