@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 
+import model034_helpers
 import pytest
 import torch
 
@@ -36,25 +35,8 @@ O_PROJ = "model.layers.0.self_attn.o_proj"
 
 @pytest.fixture(scope="module")
 def world_of_one():
-    """vLLM's distributed state for one rank (as vLLM's own ``dist_init`` fixture)."""
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import (
-        cleanup_dist_env_and_memory,
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
-
-    fd, store = tempfile.mkstemp()
-    os.close(fd)
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{store}")  # fmt: skip
-        initialize_model_parallel(1, 1)
-    yield
-    cleanup_dist_env_and_memory()
-    # gloo's FileStore removes its file when the group goes
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(store)
+    with model034_helpers.world_of_one():
+        yield
 
 
 @contextlib.contextmanager
