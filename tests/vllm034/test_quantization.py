@@ -9,7 +9,8 @@ weight the checkpoint tensors stand for, on random shapes, both sides of each
 method's kernel/dense switch (the compiled CPU kernels where a compiler is
 present, their torch references otherwise). The runtime block comes from a
 ``--additional-config`` dict that goes through 0.34's ``EngineArgs`` and
-``VllmConfig``.
+``VllmConfig``. Last, exported checkpoints go through 0.34's own loader into
+its ``LlamaForCausalLM`` and its layers are compared with the dense reference.
 """
 
 from __future__ import annotations
@@ -279,3 +280,68 @@ def test_additional_config_dict_reaches_the_methods_through_vllm_config():
     with set_current_vllm_config(config):
         assert tvq.linear_method().max_kernel_tokens == 3
         assert etaps.linear_method().runtime.min_kernel_sparsity == 0.5
+
+
+def _export(method: str, out) -> str:
+    """The tiny Llama asset exported as a ``method`` checkpoint (MLPs, and for etaps attention)."""
+    from transformers import AutoModelForCausalLM
+
+    from vllm_ext.assets import model_path
+
+    base = model_path("tiny-llama")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if method == "tvq":
+        from vllm_ext.tvq.export import export
+        from vllm_ext.tvq.qat import quantize_mlps
+
+        quantize_mlps(model, 4, 16, kmeans_iters=2)
+        return str(export(model, base, out, QuantFormat(4, 16)))
+    from vllm_ext.etaps.baselines import prune_one_shot
+    from vllm_ext.etaps.export import export
+
+    prune_one_shot(model, 0.75)
+    return str(export(model, base, out, 0.75))
+
+
+def _reference(method: str, ckpt: str):
+    if method == "tvq":
+        from vllm_ext.tvq.export import load_reference
+    else:
+        from vllm_ext.etaps.export import load_reference
+    return load_reference(ckpt)
+
+
+@pytest.mark.parametrize("method", ["tvq", "etaps"])
+def test_vllms_loader_fills_a_checkpoint_into_a_real_model(world_of_one, tmp_path, method):
+    """0.34's ``LlamaForCausalLM`` loads an exported checkpoint (stacked ``gate_up_proj`` /
+    ``qkv_proj`` shards mapped by the model's own ``load_weights``); every decoder layer's
+    attention projections and MLP equal the dense reference model's."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    ckpt = _export(method, tmp_path / "ckpt")
+    _registered(method)
+    # kernels for the 1-token call, dense matmuls for the 7-token one
+    additional = {"tvq": {"max_kernel_tokens": 1}, "etaps": {"max_sparse_tokens": 1}}
+    args = EngineArgs(model=ckpt, dtype="float32", max_model_len=256, additional_config=additional)
+    config = args.create_engine_config()
+    assert config.model_config.quantization == method
+    model = model034_helpers.load_model(config)
+    reference = _reference(method, ckpt)
+    gen = torch.Generator().manual_seed(1)
+    quantized = 0
+    for ours, theirs in zip(model.model.layers, reference.model.layers, strict=True):
+        quantized += type(ours.mlp.down_proj.quant_method).__name__ != "UnquantizedLinearMethod"
+        attn = theirs.self_attn
+        w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        hidden, heads = attn.q_proj.in_features, attn.o_proj.in_features
+        for tokens in (1, 7):
+            x = torch.randn(tokens, hidden, generator=gen)
+            h = torch.randn(tokens, heads, generator=gen)
+            with torch.no_grad():
+                mlp, want = ours.mlp(x), theirs.mlp(x)
+                _check(ours.self_attn.qkv_proj(x)[0], x, w_qkv.detach())
+                _check(ours.self_attn.o_proj(h)[0], h, attn.o_proj.weight.detach())
+            err = ((mlp - want).abs().max() / (want.abs().max() + 1)).item()
+            assert err < 1e-5, f"layer MLP off by {err}"
+    assert quantized == len(model.model.layers)
