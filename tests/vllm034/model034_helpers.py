@@ -1,7 +1,7 @@
 """vLLM 0.34 distributed state and model loading in the tier's process (no engine).
 
 :func:`world_of_one` is vLLM's own ``dist_init`` test fixture (one rank,
-gloo). :func:`load_model` runs the steps of 0.34's
+gloo). :func:`create_model` runs the steps of 0.34's
 ``BaseModelLoader.load_model`` (create the model under its dtype and device,
 load the checkpoint, ``process_weights_after_loading``) without its
 ``torch.accelerator.empty_cache()`` calls, which raise on a torch build with
@@ -44,8 +44,10 @@ def world_of_one() -> Iterator[None]:
             os.unlink(store)
 
 
-def load_model(vllm_config) -> torch.nn.Module:
-    """The model of ``vllm_config`` built and loaded by 0.34's loader, on the CPU."""
+def create_model(vllm_config, load: bool = True) -> torch.nn.Module:
+    """The model of ``vllm_config`` built by 0.34's loader on the CPU; with ``load``, its
+    checkpoint loaded and post-processed (``load=False``: structure only, e.g. for models
+    whose post-processing needs 0.34's compiled CPU ops)."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.utils import process_weights_after_loading
@@ -57,6 +59,7 @@ def load_model(vllm_config) -> torch.nn.Module:
     with set_current_vllm_config(vllm_config):
         with set_default_torch_dtype(model_config.dtype), device:
             model = loader.create_model(vllm_config=vllm_config, model_config=model_config)
-        loader.load_weights(model, model_config)
-        process_weights_after_loading(model, model_config, device)
+        if load:
+            loader.load_weights(model, model_config)
+            process_weights_after_loading(model, model_config, device)
     return model.eval()

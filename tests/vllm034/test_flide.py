@@ -10,10 +10,12 @@ tiny Llama and Qwen3 models on the CPU, and every (question, label)
 log-probability of a packed call must equal an fp32 transformers forward of
 ``context + question + label`` alone on the same weights.
 
-Gated DeltaNet hybrids are not covered here: 0.34's CPU loader itself packs
-their conv taps with a compiled op (``vllm._cpu_ops.causal_conv1d_weight_pack``)
-that exists only in a 0.34 CPU build, and Flide's CPU pass calls 0.34's
-compiled GDN ops (``compat.locate`` finds them in ``vllm._cpu_ops``).
+Gated DeltaNet hybrids are covered by structure only: 0.34's CPU loader
+itself packs their conv taps with a compiled op
+(``vllm._cpu_ops.causal_conv1d_weight_pack``) that exists only in a 0.34 CPU
+build, and Flide's CPU pass calls 0.34's compiled GDN ops (``compat.locate``
+finds them in ``vllm._cpu_ops``). So a 0.34 Qwen3-Next is built without its
+weights, and the attributes and swaps the pass relies on are checked on it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def served(request, world_of_one, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"{name}-{dtype}")
     ex.build_model(ex.ARCHS[name], seed, path)
     config = EngineArgs(model=str(path), dtype=dtype, max_model_len=2048).create_engine_config()
-    model = model034_helpers.load_model(config)
+    model = model034_helpers.create_model(config)
     return ex.ARCHS[name], dtype, seed, config, model, ex.load_truth_model(path)
 
 
@@ -95,3 +97,44 @@ def test_flides_seams_hold_on_0_34():
     assert compat.problems("flide", "v2") == []
     # the CPU ops moved in 0.34; locate finds them at their new home
     assert compat.locate("flide", "chunk_gated_delta_rule_cpu").__module__ == "vllm._cpu_ops"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_every_layer_of_a_0_34_hybrid_gets_its_stand_in(world_of_one, dtype):
+    """On 0.34's Qwen3-Next (structure only, see the module doc): the layer attributes the
+    packed pass reads exist on the real instances, every attention and Gated DeltaNet layer
+    is swapped for its stand-in and restored, and fp32 is refused by name on the CPU."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+        QwenGatedDeltaNetAttention,
+    )
+
+    from vllm_ext.assets import model_path
+    from vllm_ext.flide import forward
+
+    args = EngineArgs(model=str(model_path("tiny-hybrid")), dtype=dtype, max_model_len=512)
+    config = args.create_engine_config()
+    model = model034_helpers.create_model(config, load=False)
+    architecture = config.model_config.architecture
+    if dtype == "float32":
+        with pytest.raises(forward.UnsupportedModelError, match="bf16 only"):
+            forward.check_supported(model, architecture)
+        return
+    forward.check_supported(model, architecture)
+
+    def kinds() -> dict[str, int]:
+        found: dict[str, int] = {}
+        for module in model.modules():
+            for cls in (Attention, QwenGatedDeltaNetAttention, forward.PackedAttention,
+                        forward.PackedGatedDeltaNet):  # fmt: skip
+                if isinstance(module, cls):
+                    found[cls.__name__] = found.get(cls.__name__, 0) + 1
+        return found
+
+    before = kinds()
+    assert before == {"Attention": 2, "QwenGatedDeltaNetAttention": 2}
+    batch = pack_items([Item((5, 6, 7), ((8,), (9, 10)))], [(11,), (12,)])
+    with forward._stand_ins(model, batch.layout):
+        assert kinds() == {"PackedAttention": 2, "PackedGatedDeltaNet": 2}
+    assert kinds() == before

@@ -326,7 +326,7 @@ def test_vllms_loader_fills_a_checkpoint_into_a_real_model(world_of_one, tmp_pat
     args = EngineArgs(model=ckpt, dtype="float32", max_model_len=256, additional_config=additional)
     config = args.create_engine_config()
     assert config.model_config.quantization == method
-    model = model034_helpers.load_model(config)
+    model = model034_helpers.create_model(config)
     reference = _reference(method, ckpt)
     gen = torch.Generator().manual_seed(1)
     quantized = 0
