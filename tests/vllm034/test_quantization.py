@@ -252,27 +252,31 @@ ADDITIONAL = {
 
 
 def test_additional_config_dict_reaches_the_methods_through_vllm_config():
-    """``--additional-config`` parsed by 0.34's CLI: the dict stays a dict in ``VllmConfig``,
-    feeds the compile hash whole, and each system reads its block from it."""
+    """``--additional-config`` parsed by 0.34's CLI: the dict stays a dict in ``VllmConfig``
+    (with the keys vLLM itself adds to it), feeds the compile hash whole, and each system
+    reads its block from it."""
     from vllm.config import set_current_vllm_config
     from vllm.config.utils import hash_factors
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from vllm_ext.common.systems import validate_additional_config
+    from vllm_ext.common.systems import config_from_vllm, validate_additional_config
     from vllm_ext.etaps.linear_method import EtapsQuantizationConfig
     from vllm_ext.tvq.linear_method import TvqQuantizationConfig
 
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
 
     def engine_config(additional: dict):
-        argv = ["--model", "facebook/opt-125m", "--additional-config", json.dumps(additional)]
+        # vLLM writes --gdn-prefill-backend into the same dict
+        argv = ["--model", "facebook/opt-125m", "--gdn-prefill-backend", "triton",
+                "--additional-config", json.dumps(additional)]  # fmt: skip
         return EngineArgs.from_cli_args(parser.parse_args(argv)).create_engine_config()
 
     config = engine_config(ADDITIONAL)
-    assert config.additional_config == ADDITIONAL
+    assert config.additional_config == {**ADDITIONAL, "gdn_prefill_backend": "triton"}
     validate_additional_config(config.additional_config, environ={})
-    assert config.compile_factors()["additional"] == ADDITIONAL
+    assert config_from_vllm("leap", config).model_runner_v2
+    assert config.compile_factors()["additional"] == config.additional_config
     changed = engine_config({**ADDITIONAL, "tvq": {"max_kernel_tokens": 4}})
     assert hash_factors(changed.compile_factors()) != hash_factors(config.compile_factors())
     tvq = TvqQuantizationConfig.from_config(QuantFormat(4, 16).to_dict())
