@@ -9,7 +9,9 @@ runs a toy decoder on the batch's token ids and positions, and lets 0.34's
 kwargs 0.34 builds, then ``build_connector_worker_meta``). The probe is put
 in place by LEAP's loader (``install_probe``, no V1 runner). Each vector LEAP
 delivers must equal the toy decoder's state for that request's last prompt
-token computed alone, and every request must get one. The toy layers treat
+token computed alone (``last`` pooling), or the mean of its states over the
+prompt tokens computed since the request was last scheduled as new (``mean``:
+a prefix hit or a preemption moves that start), and every request must get one. The toy layers treat
 rows independently, so a wrong row gives a wrong vector.
 """
 
@@ -94,7 +96,7 @@ def _requests(rng, count: int):
     return requests
 
 
-def _engine(rng, seed: int, monkeypatch):
+def _engine(rng, seed: int, monkeypatch, pooling: str = "last"):
     from tests.v1.core.utils import create_scheduler
 
     budget = int(rng.choice([32, 48, 64]))
@@ -110,7 +112,11 @@ def _engine(rng, seed: int, monkeypatch):
     layers = int(rng.integers(2, 5))
     layer = int(rng.integers(0, layers))
     same_step = {"probe_delivery": "same_step"}
-    vllm_config.additional_config["leap"] = {"layer": layer, "experimental": same_step}
+    vllm_config.additional_config["leap"] = {
+        "layer": layer,
+        "pooling": pooling,
+        "experimental": same_step,
+    }
     model = ToyDecoder(vllm_config.model_config.get_hidden_size(), layers, seed)
     probe, steps = loader.install_probe(model, vllm_config, vllm_config.model_config)
     assert isinstance(steps, V2StepLayout)  # no V1 runner: the kwargs carry the rows
@@ -125,18 +131,24 @@ def _engine(rng, seed: int, monkeypatch):
     return scheduler, model, layer, rows, active_kv_connector(vllm_config, worker)
 
 
-def _run(seed: int, monkeypatch):
-    """Step the engine to the end; returns (vectors per request, what happened, expected)."""
+def _run(seed: int, monkeypatch, pooling: str):
+    """Step the engine to the end; returns (what happened, delivered and expected vectors)."""
     rng = np.random.default_rng(seed)
-    scheduler, model, layer, rows, active = _engine(rng, seed, monkeypatch)
+    scheduler, model, layer, rows, active = _engine(rng, seed, monkeypatch, pooling)
     requests = _requests(rng, int(rng.integers(8, 14)))
+    prompts = {r.request_id: r.prompt_token_ids for r in requests}
     arrivals = sorted(int(t) for t in rng.integers(0, 20, size=len(requests)))
-    expected = {
-        r.request_id: model.state_after(layer, r.prompt_token_ids[-1], r.num_prompt_tokens - 1)
-        for r in requests
-    }
+    admitted_at: dict[str, int] = {}  # tokens cached when last scheduled as new
+
+    def expected(req_id: str) -> np.ndarray:
+        prompt = prompts[req_id]
+        # last: the last prompt token; mean: the prompt tokens this admission computed
+        first = len(prompt) - 1 if pooling == "last" else admitted_at[req_id]
+        states = [model.state_after(layer, prompt[p], p) for p in range(first, len(prompt))]
+        return np.mean(states, axis=0)
+
     seen = {"preempted": 0, "prefix_hits": 0, "chunks": 0, "padded": 0, "reordered": 0}
-    delivered: dict[str, list[np.ndarray]] = {}
+    delivered: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for step in range(600):
         for request, at in zip(requests, arrivals, strict=True):
             if at == step:
@@ -147,6 +159,7 @@ def _run(seed: int, monkeypatch):
         out.kv_connector_metadata = LeapMetadata(frozenset(out.finished_req_ids))
         seen["preempted"] += len(out.preempted_req_ids or ())
         seen["prefix_hits"] += sum(n.num_computed_tokens > 0 for n in out.scheduled_new_reqs)
+        admitted_at.update((n.req_id, n.num_computed_tokens) for n in out.scheduled_new_reqs)
         rows.update(out)
         if out.total_num_scheduled_tokens == 0:
             active.no_forward(out)
@@ -167,7 +180,7 @@ def _run(seed: int, monkeypatch):
             active.finish_forward()
             meta = active.post_forward(out.finished_req_ids).kv_connector_worker_meta
         for req_id, vector in (meta.vectors if meta is not None else {}).items():
-            delivered.setdefault(req_id, []).append(vector)
+            delivered.setdefault(req_id, []).append((vector, expected(req_id)))
         sampled = []
         for req_id in batch.req_ids:
             request = scheduler.requests[req_id]
@@ -179,16 +192,18 @@ def _run(seed: int, monkeypatch):
             out, ModelRunnerOutput(req_ids=list(batch.req_ids), sampled_token_ids=sampled)
         )
     assert not scheduler.requests, "the requests did not finish"
-    return delivered, seen, expected
+    return seen, delivered, set(prompts)
 
 
 # seeds 0 and 1 keep MRV2's row order equal to the scheduler's throughout: left out
 @pytest.mark.parametrize("seed", range(2, 12))
-def test_each_vector_is_its_requests_last_prompt_token_state(seed, monkeypatch):
-    delivered, seen, expected = _run(seed, monkeypatch)
-    assert set(delivered) == set(expected)  # every request got its vector
-    for req_id, vectors in delivered.items():
-        for vector in vectors:  # a preempted request recomputes its prompt: sent again
-            np.testing.assert_allclose(vector, expected[req_id], rtol=1e-5, atol=1e-6)
+def test_each_vector_is_its_requests_prompt_state(seed, monkeypatch):
+    pooling = "mean" if seed % 2 else "last"
+    seen, delivered, req_ids = _run(seed, monkeypatch, pooling)
+    assert set(delivered) == req_ids  # every request got its vector
+    for req_id, pairs in delivered.items():
+        # a preempted request recomputes its prompt: its vector is sent again
+        for vector, expected in pairs:
+            np.testing.assert_allclose(vector, expected, rtol=1e-5, atol=1e-6, err_msg=req_id)
     # each run chunked, hit the prefix cache, preempted, padded and reordered rows
     assert all(seen.values()), seen

@@ -139,7 +139,8 @@ class ProbeState:
         self.buffer = torch.zeros(0, hidden_size)
         self.rows_written = 0
         self._source: LayoutSource | None = None
-        self._sums: dict[str, tuple[torch.Tensor, int]] = {}
+        # mean pooling: req_id -> (sum, rows, the prompt position the sum ends at)
+        self._sums: dict[str, tuple[torch.Tensor, int, int]] = {}
         # deferred delivery: the last step's rows on their way to the host
         self._pending: _PendingCopy | None = None
         self._staging: torch.Tensor | None = None  # pinned, grown on demand
@@ -271,12 +272,14 @@ class ProbeState:
         if self.pooling == "last":
             return self.buffer[first_row + prompt - 1 - computed] if ends_here else None
         rows = self.buffer[first_row : first_row + upto - computed]
-        if computed == 0 or req_id not in self._sums:
-            self._sums[req_id] = (torch.zeros_like(rows[0]), 0)
-        total, count = self._sums[req_id]
+        total, count, end = self._sums.get(req_id, (None, 0, -1))
+        if end != computed:
+            # a new prompt, or one recomputed after preemption (from a prefix hit, or
+            # from 0): the partial sum of the earlier pass would count positions twice
+            total, count = torch.zeros_like(rows[0]), 0
         total, count = total + rows.sum(dim=0), count + rows.shape[0]
         if not ends_here:
-            self._sums[req_id] = (total, count)
+            self._sums[req_id] = (total, count, upto)
             return None
         self._sums.pop(req_id, None)
         return total / count
