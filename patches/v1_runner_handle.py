@@ -8,6 +8,11 @@ and needs nothing from here). The patch wraps ``load_model`` of the V1 runner
 classes so that, while it runs, :func:`loading_runner` returns that runner;
 nothing else changes. Applied by LEAP's general plugin (``leap``), only where
 the V1 runner exists and its seams check out (``vllm_ext.common.compat``).
+
+Version guard: vLLM 0.34 removed the V1 runner, so from that release on
+:func:`apply` does nothing and :func:`loading_runner` stays None (the LEAP
+loader does not even ask there); a release before it still needs its V1
+runner files, which an install of 0.34's code lacks whatever its metadata says.
 """
 
 from __future__ import annotations
@@ -32,9 +37,15 @@ def loading_runner():
     return _LOADING.get()
 
 
+def in_guarded_releases() -> bool:
+    """Whether the installed vLLM predates the removal of the V1 runner (vLLM 0.34)."""
+    series = compat.parse_series(compat.installed_vllm_version() or "")
+    return series is not None and series < compat.V1_REMOVED_IN and compat.has_v1_runner()
+
+
 def needed() -> bool:
     """True where the V1 runner exists and every LEAP V1 seam holds."""
-    return compat.has_v1_runner() and not compat.problems("leap", runner="v1")
+    return in_guarded_releases() and not compat.problems("leap", runner="v1")
 
 
 def _classes() -> list[type]:

@@ -175,3 +175,24 @@ def test_observe_type_checks_what_vllm_passed():
         V2StepLayout().observe({"num_scheduled_tokens": {}}, [])
     with pytest.raises(ProbeError, match="request id"):
         V2StepLayout().observe(_scheduler_output([("a", 2, 0, 2, True)]), [7])
+
+
+def test_trimmed_drafts_leave_the_rows_after_the_verifying_requests_known():
+    # adaptive verification: "v1" (decoding) and "v2" (its last prompt token, with
+    # placeholder drafts) verify drafts and lead; the device ran 1 of their 6 draft rows
+    reqs = [("v1", 5, 9, 4, False), ("v2", 10, 9, 4, False), ("p", 20, 0, 20, True)]
+    out = _scheduler_output(reqs)
+    out.scheduled_spec_decode_tokens = {"v1": [7, 7, 7], "v2": [7, 7, 7]}
+    steps = V2StepLayout()
+    steps.observe(_scheduler_output([(r[0], r[1], 0, 1, True) for r in reqs[:2]]), ["v1", "v2"])
+    steps.layout()
+    steps.observe(out, ["v1", "v2", "p"], num_tokens=23)
+    layout = steps.layout()
+    assert layout.known.tolist() == [False, False, True]
+    assert layout.starts[2:].tolist() == [3, 23] and layout.written == 23
+    probe = _probe(32)
+    probe.bind_layout(SimpleNamespace(layout=lambda: layout, forget=lambda ids: None))
+    # "p"'s last prompt token is row 3 + 19; "v2"'s prompt end is somewhere unknown: not read
+    assert _as_lists(probe.collect()) == ({"p": probe.buffer[22].tolist()}, {})
+    with pytest.raises(ProbeError, match="leading requests"):
+        steps.observe(out, ["p", "v1", "v2"], num_tokens=23)

@@ -1,11 +1,13 @@
-"""LEAP refuses, with one line and before vLLM starts, on a vLLM without the V1 model runner.
+"""LEAP starts on a vLLM without the V1 model runner (0.34), and refuses only engines it cannot map.
 
 A vLLM 0.34-shaped install (its ``vllm`` package without
 ``v1/worker/gpu_model_runner.py``, its dist-info saying 0.34.0) is laid out in
 a temporary folder ahead of the real one on ``PYTHONPATH``: ``vllm-ext serve``
 and LEAP's plugin must read the layout from it without importing it (its
 ``__init__`` raises ImportError if run, which a plugin on a broken vLLM
-handles by registering nothing).
+handles by registering nothing). What LEAP refuses, with one line, is an
+engine whose forward does not see the whole batch in row order (prefill
+context parallelism, microbatching), on either runner.
 """
 
 from __future__ import annotations
@@ -18,11 +20,7 @@ from pathlib import Path
 import pytest
 
 from vllm_ext.common import compat
-from vllm_ext.common.config import ConfigError
-from vllm_ext.leap.config import load_leap_config
-from vllm_ext.leap.runner_gate import OPT_IN, refusal, selects_leap
-
-OPTED_IN = '{"leap": {"experimental": {"model_runner_v2": true}}}'
+from vllm_ext.leap.runner_gate import argv_refusal, engine_refusal, refusal, selects_leap
 
 
 def _vllm_tree(root: Path, version: str, with_v1: bool) -> Path:
@@ -65,25 +63,38 @@ def test_the_installed_vllm_ships_the_v1_runner():
     assert compat.has_v1_runner()
 
 
-def test_refusal_names_the_version_the_reason_and_the_opt_in():
-    default = load_leap_config({})
-    line = refusal(default, v1_present=False, version="0.34.0")
-    assert "V1 model runner" in line and "0.34.0" in line and OPT_IN in line
-    assert "\n" not in line
-    assert refusal(default, v1_present=True, version="0.33.0") is None
-    on_v2 = refusal(default, v1_present=True, version="0.33.0", engine_on_v2=True)
-    assert "VLLM_USE_V2_MODEL_RUNNER=0" in on_v2 and OPT_IN in on_v2
-    opted = load_leap_config({"experimental": {"model_runner_v2": True}})
-    assert refusal(opted, v1_present=False, version="0.34.0") is None
-    assert refusal(opted, v1_present=True, version="0.33.0", engine_on_v2=True) is None
+def test_refusal_names_what_splits_the_batch_and_nothing_about_runners():
+    assert refusal() is None
+    pcp = refusal(prefill_context_parallel_size=2)
+    assert "prefill context parallel" in pcp and "--prefill-context-parallel-size 1" in pcp
+    assert "microbatches" in refusal(use_ubatching=True)
+    for line in (pcp, refusal(use_ubatching=True)):
+        assert "\n" not in line and "VLLM_USE_V2_MODEL_RUNNER" not in line
 
 
-def test_the_opt_in_is_experimental_and_a_boolean():
-    with pytest.raises(ConfigError, match="experimental"):
-        load_leap_config({"model_runner_v2": True})
-    with pytest.raises(ConfigError, match="model_runner_v2 must be a boolean"):
-        load_leap_config({"experimental": {"model_runner_v2": "yes"}})
-    assert load_leap_config({}, {"VLLMEXT_LEAP_MODEL_RUNNER_V2": "1"}).model_runner_v2
+def test_engine_refusal_reads_vllms_parallel_config():
+    from vllm.config import ParallelConfig
+
+    assert engine_refusal(ParallelConfig()) is None
+    assert "microbatches" in engine_refusal(ParallelConfig(ubatch_size=2))
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["--prefill-context-parallel-size", "2"], "prefill context"),
+        (["-pcp=4"], "prefill context"),
+        (["-pcp", "1"], None),
+        (["--enable-dbo"], "microbatches"),
+        (["--enable-dbo", "--max-num-seqs", "2"], "microbatches"),
+        (["--enable-dbo=false"], None),
+        (["--ubatch-size", "3"], "microbatches"),
+        (["--max-num-seqs", "2"], None),
+    ],
+)
+def test_serve_arguments_that_split_the_batch(args, refused):
+    line = argv_refusal(args)
+    assert line is None if refused is None else refused in line
 
 
 @pytest.mark.parametrize(
@@ -101,18 +112,12 @@ def test_serve_arguments_that_enable_leap(args, selected):
     assert selects_leap(args) is selected
 
 
-def test_vllm_ext_serve_refuses_leap_without_v1_in_one_line(tmp_path):
+def test_vllm_ext_serve_starts_leap_without_v1(tmp_path):
     _vllm_tree(tmp_path, "0.34.0", with_v1=False)
     serve = ["-m", "vllm_ext.cli", "serve", "m", "--plugins", "leap", "--dry-run"]
-    refused = _run(serve, tmp_path)
-    assert refused.returncode == 2, refused.stderr
-    lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and "vLLM 0.34.0 no longer ships" in lines[0], refused.stderr
-    assert "Equivalent command" not in refused.stdout
-    opted = _run([*serve, "--additional-config", OPTED_IN], tmp_path)
-    assert opted.returncode == 0 and "--load-format leap" in opted.stdout, opted.stderr
-    other = _run(["-m", "vllm_ext.cli", "serve", "m", "--plugins", "flide", "--dry-run"], tmp_path)
-    assert other.returncode == 0, other.stderr
+    ok = _run(serve, tmp_path)
+    assert ok.returncode == 0 and "--load-format leap" in ok.stdout, ok.stderr
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in ok.stdout + ok.stderr
 
 
 def test_vllm_ext_serve_lets_leap_start_where_v1_exists(tmp_path):
@@ -124,12 +129,12 @@ def test_vllm_ext_serve_lets_leap_start_where_v1_exists(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "refused"),
     [
-        (["vllm", "serve", "m", "--load-format", "leap"], True),
-        (["vllm", "serve", "m", "--load-format", "leap", "--additional-config", OPTED_IN], False),
-        (["vllm", "serve", "m"], False),  # LEAP installed but not enabled: vLLM runs on
+        (["vllm", "serve", "m", "--load-format", "leap"], False),  # Model Runner V2: it runs
+        (["vllm", "serve", "m", "--load-format", "leap", "--enable-dbo"], True),
+        (["vllm", "serve", "m", "--enable-dbo"], False),  # LEAP installed but not enabled
     ],
 )
-def test_leap_plugin_refuses_a_serve_that_enables_it_without_v1(tmp_path, argv, refused):
+def test_leap_plugin_refuses_only_a_serve_whose_rows_it_cannot_map(tmp_path, argv, refused):
     _vllm_tree(tmp_path, "0.34.0", with_v1=False)
     code = (
         f"import sys; sys.argv = {argv!r}\n"
@@ -141,21 +146,45 @@ def test_leap_plugin_refuses_a_serve_that_enables_it_without_v1(tmp_path, argv, 
     if refused:
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("vllm serve: error: LEAP needs"), lines
+        assert len(lines) == 1 and lines[0].startswith("vllm serve: error: LEAP's probe"), lines
     else:
         assert result.returncode == 0 and "went on" in result.stdout, result.stderr
 
 
-def test_loader_refuses_model_runner_v2_before_the_weights_load():
-    # no V1 runner is loading it (the patch's handle is unset), as under Model Runner V2
+def test_loader_refuses_a_split_batch_before_the_weights_load():
     from types import SimpleNamespace
 
+    from vllm.config import ParallelConfig
     from vllm.config.load import LoadConfig
 
     from vllm_ext.common.compat import VllmCompatError
     from vllm_ext.leap.loader import LeapModelLoader
 
     loader = LeapModelLoader(LoadConfig(load_format="leap"))
+    config = SimpleNamespace(additional_config={}, parallel_config=ParallelConfig(ubatch_size=2))
     # the real inner loader fails otherwise on model_config=None: the refusal comes first
-    with pytest.raises(VllmCompatError, match="runs Model Runner V2.*model_runner_v2"):
-        loader.load_model(SimpleNamespace(additional_config={}), model_config=None)
+    with pytest.raises(VllmCompatError, match="microbatches"):
+        loader.load_model(config, model_config=None)
+
+
+def test_the_v1_handle_patch_is_a_no_op_where_v1_is_gone(tmp_path):
+    _vllm_tree(tmp_path, "0.34.0", with_v1=False)
+    code = (
+        "from vllm_ext.patches import v1_runner_handle as h\n"
+        "print(h.in_guarded_releases(), h.needed(), h.apply(), h.loading_runner())\n"
+    )
+    result = _run(["-c", code], tmp_path)
+    assert result.stdout.split() == ["False", "False", "False", "None"], result.stderr
+
+
+def test_the_loader_does_not_ask_the_v1_handle_where_v1_is_gone(monkeypatch):
+    from vllm_ext.patches import v1_runner_handle
+
+    from vllm_ext.leap import loader
+
+    def asked():
+        raise AssertionError("the V1 handle was asked")
+
+    monkeypatch.setattr(v1_runner_handle, "loading_runner", asked)
+    monkeypatch.setattr(compat, "has_v1_runner", lambda: False)
+    assert loader.loading_v1_runner() is None

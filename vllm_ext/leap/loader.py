@@ -8,14 +8,29 @@ unchanged. The loader is the one seam that runs in the worker after the model
 exists and before ``torch.compile`` / graph capture, so the hook it installs
 keeps firing in compiled runs.
 
-The probe maps its buffer rows to requests with the step's batch layout. On
-Model Runner V2 the LeapConnector hands it that layout every step
-(``start_load_kv``'s ``request_ids`` / ``scheduler_output``); on the V1 runner
-(the CPU build of vLLM 0.32/0.33) it reads the runner's batch, bound here:
-:mod:`vllm_ext.patches.v1_runner_handle` publishes the runner whose
-``load_model`` is running, and its type is checked. V2 runs only with the
-experimental opt-in (:mod:`vllm_ext.leap.runner_gate`): without it the loader
-refuses with one line before the weights load.
+The probe maps its buffer rows to requests with the step's batch layout
+(:mod:`vllm_ext.leap.batch_layout`). On Model Runner V2 (vLLM 0.34's only
+runner) the LeapConnector hands it that layout every step from
+``start_load_kv``'s kwargs. On the V1 runner (the CPU build of vLLM 0.32/0.33)
+it reads the runner's batch, bound here: :mod:`vllm_ext.patches.v1_runner_handle`
+publishes the runner whose ``load_model`` is running, and its type is checked;
+that patch is asked only where vLLM still ships the V1 runner. An engine whose
+forward does not see the whole batch in row order (prefill context
+parallelism, microbatching) is refused with one line before the weights load
+(:mod:`vllm_ext.leap.runner_gate`).
+
+Why a forward hook and ``start_load_kv``'s rows, and not one of Model Runner
+V2's own seams (vLLM 0.34): its hidden-state capture path
+(``spec_decode/extract_hidden_states.py``) is a speculative-decoding method
+(it takes the drafter's place, stores the states in KV-cache blocks and hands
+them to a connector that writes them out), so it would rule out real
+speculative decoding and cost KV memory; a model-state class
+(``model_states/``, ``get_model_state_cls()``) is chosen by the model and sees
+the batch (``prepare_inputs``) but not a layer's output, so it would need both
+a wrapped model class and a hook anyway; a worker extension adds methods that
+the engine calls by RPC, with no per-step call. The hook is one copy in the
+forward and survives compilation and CUDA graphs; the rows come from what the
+KV-connector API already passes, on either runner.
 """
 
 from __future__ import annotations
@@ -33,7 +48,6 @@ from vllm_ext.leap import runner_gate
 from vllm_ext.leap.batch_layout import V1RunnerLayout, V2StepLayout
 from vllm_ext.leap.probe import ProbeState, decoder_layers
 from vllm_ext.leap.settings import leap_config_from_vllm
-from vllm_ext.patches import v1_runner_handle
 
 logger = get_logger(__name__)
 
@@ -83,36 +97,49 @@ class LeapModelLoader(BaseModelLoader):
 
     def load_model(self, vllm_config, model_config, prefix: str = ""):
         global PROBE, V2_STEPS
-        runner = v1_runner_handle.loading_runner()
-        config = leap_config_from_vllm(vllm_config)
-        if runner is None:  # before the weights load: refuse V2 without the opt-in
-            refused = runner_gate.refusal(
-                config, compat.has_v1_runner(), compat.installed_vllm_version(), True
-            )
-            if refused is not None:
-                raise VllmCompatError(refused)
+        # before the weights load: an engine whose rows the probe cannot map is refused
+        refused = runner_gate.engine_refusal(vllm_config.parallel_config)
+        if refused is not None:
+            raise VllmCompatError(refused)
+        runner = loading_v1_runner()
         model = self.inner.load_model(
             vllm_config=vllm_config, model_config=model_config, prefix=prefix
         )
-        probe = ProbeState(
-            config.resolve_layer(len(decoder_layers(model))),
-            config.pooling,
-            model_config.get_hidden_size(),
-            vllm_config.scheduler_config.max_num_batched_tokens,
-            refine_every=config.decode_probe_every,
-            deferred=config.probe_deferred(current_platform.is_cuda()),
-        )
-        probe.install(model)
-        if runner is not None:
-            probe.bind_layout(V1RunnerLayout(runner))
-            V2_STEPS = None
-        else:  # Model Runner V2 (opted in): the connector hands over each step's rows
-            V2_STEPS = V2StepLayout()
-            probe.bind_layout(V2_STEPS)
-            logger.warning(
-                "LEAP on Model Runner V2 (experimental.model_runner_v2): the probe maps rows "
-                "through start_load_kv's request_ids (tested on V2's structures, not yet in a "
-                "V2 engine)"
-            )
-        PROBE = probe
+        PROBE, V2_STEPS = install_probe(model, vllm_config, model_config, runner)
         return model
+
+
+def loading_v1_runner():
+    """The V1 runner loading this model, else None (Model Runner V2; vLLM 0.34 has no V1)."""
+    if not compat.has_v1_runner():
+        return None
+    from vllm_ext.patches import v1_runner_handle
+
+    return v1_runner_handle.loading_runner()
+
+
+def install_probe(model, vllm_config, model_config, runner=None):
+    """The probe on ``model``'s layer, bound to its layout source; ``(probe, v2_steps)``.
+
+    Args:
+        runner: the V1 runner loading the model (its batch is the layout), or
+            None on Model Runner V2 (the LeapConnector hands each step's rows
+            to the returned :class:`V2StepLayout`; None on V1).
+    """
+    config = leap_config_from_vllm(vllm_config)
+    probe = ProbeState(
+        config.resolve_layer(len(decoder_layers(model))),
+        config.pooling,
+        model_config.get_hidden_size(),
+        vllm_config.scheduler_config.max_num_batched_tokens,
+        refine_every=config.decode_probe_every,
+        deferred=config.probe_deferred(current_platform.is_cuda()),
+    )
+    probe.install(model)
+    if runner is not None:
+        probe.bind_layout(V1RunnerLayout(runner))
+        return probe, None
+    steps = V2StepLayout()
+    probe.bind_layout(steps)
+    logger.info("LEAP probe on Model Runner V2: rows mapped from start_load_kv's request_ids")
+    return probe, steps

@@ -2,12 +2,13 @@
 
 Registers names only — the ``LeapConnector`` (under its class name, which
 MultiConnector needs to rebuild stats) and the ``leap`` load format — after
-checking LEAP's vLLM seams (``vllm_ext.common.compat``): on a vLLM that lacks
-one, one line names it and LEAP registers nothing. On a vLLM without the V1 model
-runner (0.34) a ``vllm serve`` that enables LEAP exits with one line unless the
-user opted in to the experimental V2 path (:mod:`vllm_ext.leap.runner_gate`).
-On the V1 model runner it also applies ``patches/v1_runner_handle.py`` (the
-probe's runner handle).
+checking LEAP's vLLM seams (``vllm_ext.common.compat``) of each model runner
+this vLLM ships (V1 up to 0.33, Model Runner V2 on every release): on a vLLM
+that lacks one, one line names it and LEAP registers nothing. A ``vllm serve``
+that enables LEAP on an engine whose rows its probe cannot map (prefill
+context parallelism, microbatching) exits with one line
+(:mod:`vllm_ext.leap.runner_gate`). Where the V1 runner exists it also applies
+``patches/v1_runner_handle.py`` (the probe's runner handle; a no-op from 0.34).
 Nothing changes until a user selects LEAP (``--load-format leap``,
 ``--scheduler-cls vllm_ext.leap.scheduler.make_scheduler``,
 ``--kv-transfer-config`` with the connector) or runs ``vllm-ext serve --plugins leap``.
@@ -25,25 +26,21 @@ from vllm_ext.leap.runner_gate import refuse_serve
 logger = get_logger(__name__)
 
 
-def probe_runner() -> str | None:
-    """The model runner LEAP's probe can use on this vLLM (``"v1"``/``"v2"``), else None.
+def probe_seams_hold() -> bool:
+    """LEAP's probe seams hold for every model runner this vLLM ships.
 
-    V1 where vLLM still ships it (the CPU build runs it); Model Runner V2 through
-    the connector's ``start_load_kv`` layout otherwise (and on GPUs where V2 runs),
-    which the loader lets run only with the experimental opt-in.
+    The V1 runner's where vLLM still ships it (the CPU build runs it); Model
+    Runner V2's on every release (CUDA 0.33 runs it by default, 0.34 only it).
     """
-    if compat.has_v1_runner() and compat.require("leap", runner="v1"):
-        return "v1"
-    if compat.require("leap", runner="v2"):
-        return "v2"
-    return None
+    v1 = not compat.has_v1_runner() or compat.require("leap", runner="v1")
+    return v1 and compat.require("leap", runner="v2")
 
 
 def register() -> None:
     # VLLM_PLUGINS may select this plugin without vllm_ext's own: check the config here too
     validate_serve_argv(sys.argv)
     refuse_serve(sys.argv)
-    if not compat.supported_vllm() or probe_runner() is None:
+    if not compat.supported_vllm() or not probe_seams_hold():
         return
     compat.register_connector_once("LeapConnector", "vllm_ext.leap.connector", "LeapConnector")
     from vllm.model_executor import model_loader

@@ -18,13 +18,14 @@ every k output tokens, the same layer's state at the decoding token: the
 remaining-length refinement (TRAIL-style) reads it from the same buffer.
 
 Deferred delivery (``deferred=True``, LEAP's default on CUDA): vLLM asks for
-the worker metadata right after it launches the forward, before the logits and
-sampling. A blocking device-to-host copy there makes the host wait for the
-forward, so the sampling kernels launch late and, under async scheduling, the
-next step's scheduling no longer overlaps this step's compute. Deferred, the
-step's vectors go to a pinned host buffer with a non-blocking copy and an
-event, and the *next* call returns them: by then that copy has long finished
-(the device is already running the next forward), so nothing waits.
+the worker metadata while the step is still on the device (the V1 runner right
+after it launches the forward; Model Runner V2 after it launches sampling,
+before any drafter). A blocking device-to-host copy there makes the host wait,
+so the next kernels launch late and, under async scheduling, the next step's
+scheduling no longer overlaps this step's compute. Deferred, the step's
+vectors go to a pinned host buffer with a non-blocking copy on a side stream
+(ordered after the forward's stream) and an event, and the *next* call
+returns them: by then that copy has long finished, so nothing waits.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class BatchLayout:
     first ``computed[i]`` tokens were computed before this step and whose
     prompt has ``prompt[i]`` tokens. ``written``: rows the forward wrote, when
     the layout's source knows (Model Runner V2); else the hook counts them.
+    ``known``: False where the source cannot place a request's rows (Model
+    Runner V2's adaptive draft verification moves them on the device only);
+    None when every request's rows are known.
     """
 
     req_ids: Sequence[str]
@@ -60,6 +64,7 @@ class BatchLayout:
     computed: np.ndarray
     prompt: np.ndarray
     written: int | None = None
+    known: np.ndarray | None = None
 
 
 class RunnerSliceLayout:
@@ -134,10 +139,12 @@ class ProbeState:
         self.buffer = torch.zeros(0, hidden_size)
         self.rows_written = 0
         self._source: LayoutSource | None = None
-        self._sums: dict[str, tuple[torch.Tensor, int]] = {}
+        # mean pooling: req_id -> (sum, rows, the prompt position the sum ends at)
+        self._sums: dict[str, tuple[torch.Tensor, int, int]] = {}
         # deferred delivery: the last step's rows on their way to the host
         self._pending: _PendingCopy | None = None
         self._staging: torch.Tensor | None = None  # pinned, grown on demand
+        self._copy_stream = None  # CUDA only: the stream of that copy
 
     def hook(self, module, args, output) -> None:
         # vLLM decoder layers return (hidden_states, residual); the residual
@@ -210,6 +217,8 @@ class ProbeState:
         first, end = starts[:-1], starts[1:]
         written = self.rows_written if layout.written is None else layout.written
         captured = end <= written
+        if layout.known is not None:
+            captured &= layout.known
         prefilling = np.flatnonzero(captured & (computed < prompt))
         generated = computed - prompt + 1
         due = np.zeros(n, dtype=bool)
@@ -242,10 +251,19 @@ class ProbeState:
             # pinned, so the copy is truly asynchronous; grown in powers of two
             size = 1 << max(n - 1, 1).bit_length()
             self._staging = torch.empty(size, rows.shape[1], dtype=torch.float32, pin_memory=True)
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(rows.device)
         host = self._staging[:n]
-        host.copy_(rows, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        # the rows are computed on the forward's stream: the copy waits for them
+        # there, and runs beside the next step's kernels instead of behind them
+        producer = torch.cuda.current_stream(rows.device)
+        self._copy_stream.wait_stream(producer)
+        with torch.cuda.stream(self._copy_stream):
+            host.copy_(rows, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        # the allocator must not hand ``rows`` to the producer until the copy read it
+        rows.record_stream(self._copy_stream)
         return _PendingCopy(step, host, event)
 
     def _pool(self, req_id: str, first_row: int, computed: int, upto: int, prompt: int):
@@ -254,12 +272,14 @@ class ProbeState:
         if self.pooling == "last":
             return self.buffer[first_row + prompt - 1 - computed] if ends_here else None
         rows = self.buffer[first_row : first_row + upto - computed]
-        if computed == 0 or req_id not in self._sums:
-            self._sums[req_id] = (torch.zeros_like(rows[0]), 0)
-        total, count = self._sums[req_id]
+        total, count, end = self._sums.get(req_id, (None, 0, -1))
+        if end != computed:
+            # a new prompt, or one recomputed after preemption (from a prefix hit, or
+            # from 0): the partial sum of the earlier pass would count positions twice
+            total, count = torch.zeros_like(rows[0]), 0
         total, count = total + rows.sum(dim=0), count + rows.shape[0]
         if not ends_here:
-            self._sums[req_id] = (total, count)
+            self._sums[req_id] = (total, count, upto)
             return None
         self._sums.pop(req_id, None)
         return total / count

@@ -1,60 +1,63 @@
-"""Whether LEAP may start on this vLLM: its probe is tested on the V1 model runner only.
+"""Whether LEAP's probe can map this engine's batch rows to requests. Imports no vLLM.
 
-vLLM 0.34 removed the V1 runner, and vLLM 0.33 on CUDA runs Model Runner V2 by
-default. LEAP's V2 path (:class:`~vllm_ext.leap.batch_layout.V2StepLayout`) is
-tested on V2's structures on CPU, never in a V2 engine, so it runs only when
-the user opts in (``experimental.model_runner_v2``); otherwise LEAP refuses
-with one line. ``vllm-ext serve`` and LEAP's plugin ask before vLLM starts
-(:func:`refuse_serve`); the loader asks again when the engine itself runs V2.
-Imports no vLLM.
+The probe runs on both vLLM model runners. On the V1 runner (where vLLM still
+ships it and the engine runs it: the CPU build of 0.32/0.33) it reads the
+runner's batch; on Model Runner V2 (the only runner from vLLM 0.34 on, and CUDA
+0.33's default) it maps rows from ``start_load_kv``'s kwargs
+(:class:`~vllm_ext.leap.batch_layout.V2StepLayout`), tested against 0.34's own
+MRV2 code (``tests/vllm034/test_leap_mrv2_probe.py``). Neither holds when one
+forward does not see the whole batch in row order: prefill context parallelism
+gives each rank a partition of the batch's tokens, and microbatching
+(``--enable-dbo``, ``--ubatch-size``) runs the model once per part, so the
+probed layer's output holds part of the rows per call. Such an engine is
+refused with one line: by LEAP's plugin in ``vllm serve`` before vLLM parses
+its arguments (:func:`refuse_serve`), and by the loader before the weights load.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from vllm_ext.common import compat
-from vllm_ext.common.config import load_config
-from vllm_ext.common.systems import additional_config_from_argv
-from vllm_ext.leap.config import SYSTEM, LeapConfig
-
-OPT_IN = """--additional-config '{"leap": {"experimental": {"model_runner_v2": true}}}'"""
+from vllm_ext.leap.config import LeapConfig
 
 
-def refusal(
-    config: LeapConfig, v1_present: bool, version: str | None, engine_on_v2: bool = False
-) -> str | None:
-    """Why LEAP must not start; None when it may.
+def refusal(prefill_context_parallel_size: int = 1, use_ubatching: bool = False) -> str | None:
+    """Why LEAP's probe cannot map this engine's rows; None when it can.
 
     Args:
-        config: LEAP's settings (``model_runner_v2`` is the opt-in).
-        v1_present: whether the installed vLLM ships the V1 runner
-            (:func:`vllm_ext.common.compat.has_v1_runner`).
-        version: the installed vLLM's version, for the message.
-        engine_on_v2: the engine runs Model Runner V2 although V1 is there.
+        prefill_context_parallel_size: vLLM's ``ParallelConfig`` field of that name.
+        use_ubatching: ``ParallelConfig.use_ubatching`` (DBO or ``ubatch_size > 1``).
     """
-    if config.model_runner_v2:
-        return None
-    if not v1_present:
+    if prefill_context_parallel_size > 1:
         return (
-            f"LEAP needs vLLM's V1 model runner, which vLLM {version or '(unknown)'} no longer "
-            "ships (removed in 0.34), and its Model Runner V2 path is untested in an engine: "
-            f"use vLLM 0.32 or 0.33, or opt in to the experimental V2 path with {OPT_IN}"
+            "LEAP's probe cannot map rows to requests under prefill context parallelism "
+            f"(--prefill-context-parallel-size {prefill_context_parallel_size}: each rank "
+            "computes part of a prompt); serve LEAP with --prefill-context-parallel-size 1"
         )
-    if engine_on_v2:
+    if use_ubatching:
         return (
-            "this engine runs Model Runner V2, where LEAP's probe is untested in an engine: "
-            "set VLLM_USE_V2_MODEL_RUNNER=0 for the V1 runner, or opt in to the experimental "
-            f"V2 path with {OPT_IN}"
+            "LEAP's probe cannot map rows to requests when the forward is split into "
+            "microbatches (--enable-dbo or --ubatch-size > 1); serve LEAP without them"
         )
     return None
 
 
+def engine_refusal(parallel_config) -> str | None:
+    """:func:`refusal` for a vLLM ``ParallelConfig`` (fields read where this vLLM has them)."""
+    return refusal(
+        getattr(parallel_config, "prefill_context_parallel_size", 1),
+        bool(getattr(parallel_config, "use_ubatching", False)),
+    )
+
+
 def installed_refusal(config: LeapConfig) -> str | None:
-    """:func:`refusal` for the installed vLLM, found without importing it."""
-    return refusal(config, compat.has_v1_runner(), compat.installed_vllm_version())
+    """Why LEAP may not start on the installed vLLM, whatever the engine's arguments.
+
+    Nothing does any longer: both model runners are tested (``vllm-ext serve``
+    still asks, so that a later reason has one place).
+    """
+    return None
 
 
 def selects_leap(args: Sequence[str]) -> bool:
@@ -71,17 +74,44 @@ def selects_leap(args: Sequence[str]) -> bool:
     return False
 
 
-def refuse_serve(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> None:
-    """In a ``vllm serve`` process that enables LEAP, exit with one line if LEAP may not start.
+def _flag_values(args: Sequence[str], names: tuple[str, ...]) -> list[str]:
+    """Values given to any of ``names`` (``--name v``, ``--name=v``; a bare flag gives "")."""
+    values = []
+    for i, arg in enumerate(args):
+        name, has_value, value = arg.partition("=")
+        if name.replace("_", "-") not in names:
+            continue
+        if not has_value:
+            following = args[i + 1] if i + 1 < len(args) else ""
+            value = "" if following.startswith("-") else following
+        values.append(value)
+    return values
+
+
+def _as_int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 1  # vLLM's own parser reports it
+
+
+def argv_refusal(args: Sequence[str]) -> str | None:
+    """:func:`refusal` for ``vllm serve`` arguments (after ``serve``)."""
+    pcp = [_as_int(v) for v in _flag_values(args, ("--prefill-context-parallel-size", "-pcp"))]
+    ubatch = [_as_int(v) for v in _flag_values(args, ("--ubatch-size",))]
+    dbo = [v.lower() not in ("false", "0") for v in _flag_values(args, ("--enable-dbo",))]
+    return refusal(max(pcp, default=1), any(dbo) or max(ubatch, default=1) > 1)
+
+
+def refuse_serve(argv: Sequence[str]) -> None:
+    """In a ``vllm serve`` process that enables LEAP, exit with one line if LEAP cannot run.
 
     Runs where vLLM loads LEAP's general plugin, before it parses its
-    arguments (as :func:`~vllm_ext.common.systems.validate_serve_argv`, which
-    has checked the config by then): exit status 2, as an argparse error.
+    arguments: exit status 2, as an argparse error.
     """
     if len(argv) < 2 or argv[1] != "serve" or not selects_leap(argv[2:]):
         return
-    block = (additional_config_from_argv(argv[2:]) or {}).get(SYSTEM)
-    problem = installed_refusal(load_config(LeapConfig, SYSTEM, block, environ))
+    problem = argv_refusal(argv[2:])
     if problem is not None:
         sys.stderr.write(f"vllm serve: error: {problem}\n")
         sys.stderr.flush()
