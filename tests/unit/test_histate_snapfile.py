@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 
@@ -324,3 +325,29 @@ def test_a_lock_held_for_an_instant_in_the_gap_does_not_fail_the_constructor(
     assert not SnapshotStore(tmp_path, "ns")._writer_alive("no-such-writer")
     assert SnapshotStore(tmp_path, "ns")._writer_alive(store.writer)
     store.close()
+
+
+def _ns(model: str, weights: str) -> str:
+    return json.dumps({"model": model, "weights": weights, "block_size": 64}, sort_keys=True)
+
+
+def test_files_of_superseded_weights_are_removed_and_other_models_kept_unread(tmp_path):
+    """After a weights change the old namespace can never hit: its files go, counted;
+    another model's files stay (never read), counted; a live store's are never touched."""
+    old, other = SnapshotStore(tmp_path, _ns("m", "w-old")), SnapshotStore(tmp_path, _ns("n", "w"))
+    unverified = SnapshotStore(tmp_path, _ns("n", "unverified-1234"))
+    for store in (old, other, unverified):
+        assert store.put("k1", b"s1") and store.put("k2", b"s2")
+    live = SnapshotStore(tmp_path, _ns("m", "w-live"))
+    assert live.put("k1", b"s1")
+    old.close()
+    other.close()
+    unverified.close()
+    new = SnapshotStore(tmp_path, _ns("m", "w-new"))
+    assert new.counters.value("ssd_superseded_removed") == 4  # old and unverified
+    assert new.counters.value("ssd_foreign_files") == 3  # the other model's and the live one's
+    assert not old.root.exists() and not unverified.root.exists()
+    assert sorted(other.root.glob("*.snap")) and live.get("k1") == b"s1"
+    assert len(new) == 0 and new.get("k1") is None
+    live.close()
+    new.close()

@@ -56,6 +56,7 @@ import numpy as np
 from vllm_ext.common.counters import Counters
 from vllm_ext.common.log import get_logger
 from vllm_ext.histate.counters import new_counters
+from vllm_ext.histate.namespaces import namespace_of, superseded
 
 logger = get_logger(__name__)
 
@@ -193,6 +194,7 @@ class SnapshotStore:
         self.writer = secrets.token_hex(6)
         self._writer_lock = self._hold_writer_lock()
         self._remove_stale_temps()
+        self._sweep_other_namespaces()
         self.rebuild_index()
 
     def __contains__(self, key: str) -> bool:
@@ -376,6 +378,7 @@ class SnapshotStore:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    os.write(fd, self.root.name.encode())  # whose files it guards
                     return fd
             except FileNotFoundError:
                 pass  # reaped in the gap: the name is gone for good
@@ -432,3 +435,57 @@ class SnapshotStore:
         for lock in self._lock_path(self.writer).parent.glob("*.lock"):
             if lock.stem not in alive:
                 self._writer_alive(lock.stem)  # reaps the lock files of dead writers
+
+    def _sweep_other_namespaces(self) -> None:
+        """Count other namespaces' files; remove those of superseded ones no live store uses.
+
+        Another namespace's files are never read (other model, layout or
+        weights). A superseded one's (:func:`~vllm_ext.histate.namespaces.superseded`:
+        the same model and layout with other weights) can never be a hit again.
+        """
+        in_use = self._namespaces_in_use()
+        foreign = 0
+        for folder in sorted(self.root.parent.glob("ns-*")):
+            files = list(folder.glob("*" + SUFFIX)) if folder != self.root else []
+            if not files:
+                continue
+            other = namespace_of(folder, MAGIC, SUFFIX)
+            if other is None or not superseded(self.namespace, other) or (
+                folder.name in in_use or None in in_use
+            ):
+                foreign += len(files)
+                continue
+            removed = 0
+            for path in [*files, *folder.glob("*" + TMP_SUFFIX)]:
+                try:
+                    path.unlink()
+                    removed += path.suffix == SUFFIX
+                except OSError:
+                    pass
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+            self.counters.inc("ssd_superseded_removed", removed)
+            logger.info(
+                "HiState: removed %d snapshot files of %s: the same model and layout with other "
+                "(or unverified) weights, never a hit again", removed, folder.name,
+            )  # fmt: skip
+        if foreign:
+            self.counters.inc("ssd_foreign_files", foreign)
+            logger.info(
+                "HiState: %d snapshot files of other models, layouts or weights under %s are "
+                "never read", foreign, self.root.parent,
+            )  # fmt: skip
+
+    def _namespaces_in_use(self) -> set[str | None]:
+        """Folders of the live stores of other writers (None: a live one that has not said)."""
+        used: set[str | None] = set()
+        for lock in self._lock_path(self.writer).parent.glob("*.lock"):
+            if lock.stem == self.writer or not self._writer_alive(lock.stem):
+                continue
+            try:
+                used.add(lock.read_text() or None)
+            except (OSError, UnicodeDecodeError):
+                used.add(None)
+        return used
