@@ -10,9 +10,9 @@ and a few windows) missed tensors lying between its windows (issue 36).
 Cost: each weight file is read once, in 256 MiB segments hashed in parallel
 threads (hashlib releases the GIL), so a single-file checkpoint uses every
 core too; the file digest is SHA-256 over its segments' digests. Measured
-~1.9 GB/s per core with the file in the page cache (SHA-NI, docs/histate.md),
-so a 70B bf16 checkpoint (~140 GB) costs about the time the loader spends
-reading it from the SSD once; disk bandwidth, not hashing, bounds it.
+~0.45 GB/s per core from the page cache on a shared 2-core VM
+(docs/histate.md): a 70B bf16 checkpoint (~140 GB) on 16 cores costs about
+one extra read of it from the SSD; disk bandwidth, not hashing, bounds it.
 
 That cost is paid once per weight change, not per start: digests are cached
 in-process and in ``weights-fingerprints.json`` in the SSD folder, keyed by
