@@ -378,7 +378,7 @@ class SnapshotStore:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:
-                    os.write(fd, self.root.name.encode())  # whose files it guards
+                    self._name_namespace(fd)
                     return fd
             except FileNotFoundError:
                 pass  # reaped in the gap: the name is gone for good
@@ -387,6 +387,14 @@ class SnapshotStore:
                 raise
             os.close(fd)
             self.writer = secrets.token_hex(6)
+
+    def _name_namespace(self, fd: int) -> None:
+        """Write our namespace folder into the lock file (best effort: a full disk may refuse;
+        an empty lock file means "could be any namespace" to :meth:`_namespaces_in_use`)."""
+        try:
+            os.write(fd, self.root.name.encode())
+        except OSError:
+            pass
 
     def _writer_alive(self, writer: str) -> bool:
         """Does a live store hold ``writer``'s lock? A free lock is reaped.
