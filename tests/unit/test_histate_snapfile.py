@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 
@@ -256,3 +257,97 @@ def test_temp_files_of_dead_writers_and_unnamed_ones_are_removed(tmp_path):
     )
     live.close()
     again.close()
+
+
+def _in_the_lock_gap(monkeypatch, action) -> None:
+    """Run ``action(lock_fd)`` once, when the next store has created its lock file but
+    not locked it yet (the first ``flock`` a constructor calls is on its own lock)."""
+    real_flock = snapfile.fcntl.flock
+    armed = [True]
+
+    def flock(fd, operation):
+        if armed[0]:
+            armed[0] = False
+            action(fd)
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(snapfile.fcntl, "flock", flock)
+
+
+def test_a_store_starting_in_a_writers_lock_gap_never_removes_its_in_flight_files(
+    tmp_path, monkeypatch
+):
+    """Regression: the second store found the first one's lock file unlocked, deleted
+    it, and every later store then took the first one for dead and removed its temp
+    files mid-write (the write failed)."""
+    started = []
+    _in_the_lock_gap(monkeypatch, lambda fd: started.append(SnapshotStore(tmp_path, "ns")))
+    first = SnapshotStore(tmp_path, "ns", fsync=True)
+    monkeypatch.undo()
+    assert len(started) == 1
+    lock = snapfile.Path(tmp_path) / WRITERS / f"{first.writer}.lock"
+    assert lock.exists() and os.stat(lock).st_ino == os.fstat(first._writer_lock).st_ino
+    real_fsync = os.fsync
+    third = []
+
+    def fsync_starting_a_store(fd):
+        # the first store's payload sits in its temp file: an engine starts on the folder
+        if not third:
+            third.append(SnapshotStore(tmp_path, "ns"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync_starting_a_store)
+    assert first.put("k", b"state" * 100)
+    assert first.get("k") == b"state" * 100
+    assert third[0].counters.value("ssd_stale_temp_removed") == 0
+    assert first.counters.value("ssd_write_failures") == 0
+    for store in (first, *started, *third):
+        store.close()
+
+
+def test_a_lock_held_for_an_instant_in_the_gap_does_not_fail_the_constructor(
+    tmp_path, monkeypatch
+):
+    """Regression: a checker holding the new store's lock file for an instant (it
+    tries whether its writer is alive) made the constructor raise BlockingIOError."""
+    holders = []
+
+    def hold_for_an_instant(fd):
+        other = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # another open file description
+        snapfile.fcntl.flock(other, snapfile.fcntl.LOCK_EX | snapfile.fcntl.LOCK_NB)
+        holders.append(threading.Timer(0.2, os.close, (other,)))
+        holders[0].start()
+
+    _in_the_lock_gap(monkeypatch, hold_for_an_instant)
+    store = SnapshotStore(tmp_path, "ns")
+    holders[0].join()
+    assert store.put("k", b"x") and store.get("k") == b"x"
+    assert not SnapshotStore(tmp_path, "ns")._writer_alive("no-such-writer")
+    assert SnapshotStore(tmp_path, "ns")._writer_alive(store.writer)
+    store.close()
+
+
+def _ns(model: str, weights: str) -> str:
+    return json.dumps({"model": model, "weights": weights, "block_size": 64}, sort_keys=True)
+
+
+def test_files_of_superseded_weights_are_removed_and_other_models_kept_unread(tmp_path):
+    """After a weights change the old namespace can never hit: its files go, counted;
+    another model's files stay (never read), counted; a live store's are never touched."""
+    old, other = SnapshotStore(tmp_path, _ns("m", "w-old")), SnapshotStore(tmp_path, _ns("n", "w"))
+    unverified = SnapshotStore(tmp_path, _ns("n", "unverified-1234"))
+    for store in (old, other, unverified):
+        assert store.put("k1", b"s1") and store.put("k2", b"s2")
+    live = SnapshotStore(tmp_path, _ns("m", "w-live"))
+    assert live.put("k1", b"s1")
+    old.close()
+    other.close()
+    unverified.close()
+    new = SnapshotStore(tmp_path, _ns("m", "w-new"))
+    assert new.counters.value("ssd_superseded_removed") == 4  # old and unverified
+    assert new.counters.value("ssd_foreign_files") == 3  # the other model's and the live one's
+    assert not old.root.exists() and not unverified.root.exists()
+    assert sorted(other.root.glob("*.snap")) and live.get("k1") == b"s1"
+    assert len(new) == 0 and new.get("k1") is None
+    live.close()
+    new.close()

@@ -13,6 +13,8 @@ Algorithm modules (no vLLM import, unit-testable alone):
 - :mod:`vllm_ext.histate.queue` -- ``EvictionQueue``: one capacity-bounded queue per tier.
 - :mod:`vllm_ext.histate.tiers` -- ``TieredCache``: host + SSD tiers, spill, pinning.
 - :mod:`vllm_ext.histate.snapfile` -- ``SnapshotStore``: crash-consistent snapshot files.
+- :mod:`vllm_ext.histate.fingerprint` -- a digest of every weight byte, for the namespace.
+- :mod:`vllm_ext.histate.namespaces` -- which other namespaces' files can never hit again.
 - :mod:`vllm_ext.histate.lookup` -- longest hit (KV + snapshot), recompute accounting.
 - :mod:`vllm_ext.histate.counters` -- counter names.
 - :mod:`vllm_ext.histate.traces` -- agentic-coding and BFCL request traces (JSONL).

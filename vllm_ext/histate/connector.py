@@ -94,7 +94,7 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.attn_group, self.mamba_group, self.groups = cache_layout(kv_cache_config)
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = kv_cache_config.num_blocks
-        self.namespace = cache_namespace(vllm_config, kv_cache_config)
+        self.namespace = cache_namespace(vllm_config, kv_cache_config, self.config.directory)
         self.runtime: HiStateRuntime | None = None
         self.side: SchedulerSide | None = None
         if role == KVConnectorRole.SCHEDULER:

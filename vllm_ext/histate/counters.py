@@ -18,6 +18,14 @@ COUNTER_SPECS = (
     CounterSpec("ssd_read_failures", "SSD reads that failed with an I/O error; treated as misses"),
     CounterSpec("ssd_corrupt", "torn, corrupt or foreign snapshot files found and quarantined"),
     CounterSpec("ssd_stale_temp_removed", "temporary files of interrupted writes removed"),
+    CounterSpec(
+        "ssd_foreign_files",
+        "snapshot files of other namespaces (model, layout, weights) found at start; never read",
+    ),
+    CounterSpec(
+        "ssd_superseded_removed",
+        "snapshot files of the same model and layout with other weights removed at start",
+    ),
     CounterSpec("host_hits", "snapshots or KV blocks served from host memory"),
     CounterSpec("ssd_hits", "snapshots served from the SSD tier"),
     CounterSpec("host_evictions", "items evicted from host memory"),

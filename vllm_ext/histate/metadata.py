@@ -82,9 +82,18 @@ def cache_layout(kv_cache_config) -> tuple[int, int, dict[int, list[str]]]:
     return attn[0], mamba[0], groups
 
 
-def cache_namespace(vllm_config, kv_cache_config) -> str:
-    """Everything that changes the bytes of a page: a foreign file is a miss, never a hit."""
+def cache_namespace(vllm_config, kv_cache_config, digest_dir: str | None = None) -> str:
+    """Everything that changes the bytes of a page: a foreign file is a miss, never a hit.
+
+    ``digest_dir`` keeps the weight files' digests across restarts (the SSD
+    folder), so an unchanged checkpoint is not read again
+    (:mod:`vllm_ext.histate.fingerprint`).
+    """
     model = vllm_config.model_config
+    weights = weights_fingerprint(
+        model.model, revision=model.revision, cache_dir=digest_dir,
+        hub_cache_dir=getattr(vllm_config.load_config, "download_dir", None),
+    )  # fmt: skip
     par = vllm_config.parallel_config
     layout = [
         {
@@ -100,7 +109,7 @@ def cache_namespace(vllm_config, kv_cache_config) -> str:
             "model": model.model,
             "revision": model.revision,
             # the same path with other weights must be another namespace
-            "weights": weights_fingerprint(model.model),
+            "weights": weights,
             "dtype": str(model.dtype),
             "cache_dtype": vllm_config.cache_config.cache_dtype,
             "groups": layout,

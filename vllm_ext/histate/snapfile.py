@@ -24,11 +24,15 @@ always complete. Each store is one writer: it holds an exclusive ``flock`` on
 ``writers/<writer>.lock`` while it lives (the kernel drops it when the process
 dies, kill -9 included), so a second engine on the same folder removes only
 the temp files of writers whose lock is free and never another live writer's
-in-flight files. Every failure path (disk full, EIO, read-only) returns False/None
-and counts; nothing raises into serving. Files failing validation are moved
-to ``quarantine/`` and counted. At start, leftover temp files are removed and
-the index is rebuilt by reading every header, so a restart finds the entries
-again. Methods are safe to call from several threads.
+in-flight files. A free lock file is unlinked while the checker holds it, and
+a new store checks after locking that its lock file is still the one on disk
+(else it takes another writer id), so a store caught between creating and
+locking its file is never taken for a dead one. Every failure path (disk
+full, EIO, read-only) returns False/None and counts; nothing raises into
+serving. Files failing validation are moved to ``quarantine/`` and counted.
+At start, leftover temp files are removed and the index is rebuilt by reading
+every header, so a restart finds the entries again. Methods are safe to call
+from several threads.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import numpy as np
 from vllm_ext.common.counters import Counters
 from vllm_ext.common.log import get_logger
 from vllm_ext.histate.counters import new_counters
+from vllm_ext.histate.namespaces import namespace_of, superseded
 
 logger = get_logger(__name__)
 
@@ -189,6 +194,7 @@ class SnapshotStore:
         self.writer = secrets.token_hex(6)
         self._writer_lock = self._hold_writer_lock()
         self._remove_stale_temps()
+        self._sweep_other_namespaces()
         self.rebuild_index()
 
     def __contains__(self, key: str) -> bool:
@@ -343,33 +349,77 @@ class SnapshotStore:
     def close(self) -> None:
         """Release this writer's lock (its temp files become removable by the next store)."""
         if self._writer_lock is not None:
-            os.close(self._writer_lock)
-            self._writer_lock = None
+            # unlink while still holding it: a lock file on disk is always a live one's or reapable
             try:
                 os.unlink(self._lock_path(self.writer))
             except OSError:
                 pass
+            os.close(self._writer_lock)
+            self._writer_lock = None
 
     def _lock_path(self, writer: str) -> Path:
         return self.quarantine_dir.parent / WRITERS / f"{writer}.lock"
 
     def _hold_writer_lock(self) -> int:
-        path = self._lock_path(self.writer)
-        path.parent.mkdir(exist_ok=True)
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return fd
+        """Create and lock this store's lock file; its name is ``self.writer``'s.
+
+        Creating the file and locking it are two steps: a store starting in
+        between finds the lock free and reaps the file (:meth:`_writer_alive`
+        unlinks a free lock while it holds it). So: wait for the lock (a
+        checker holds it only for an instant; never ``BlockingIOError``), then
+        check the name still leads to the file we locked; if it was reaped,
+        start again under a new writer id, whose temp files nobody can take for
+        a dead writer's.
+        """
+        while True:
+            path = self._lock_path(self.writer)
+            path.parent.mkdir(exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                    self._name_namespace(fd)
+                    return fd
+            except FileNotFoundError:
+                pass  # reaped in the gap: the name is gone for good
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            self.writer = secrets.token_hex(6)
+
+    def _name_namespace(self, fd: int) -> None:
+        """Write our namespace folder into the lock file (best effort: a full disk may refuse;
+        an empty lock file means "could be any namespace" to :meth:`_namespaces_in_use`)."""
+        try:
+            os.write(fd, self.root.name.encode())
+        except OSError:
+            pass
 
     def _writer_alive(self, writer: str) -> bool:
-        """Does a live store hold ``writer``'s lock? (A missing lock file: no.)"""
+        """Does a live store hold ``writer``'s lock? A free lock is reaped.
+
+        The file is unlinked while we hold its lock, so a store that created it
+        but has not locked it yet finds its name gone once it does, and takes
+        another (:meth:`_hold_writer_lock`): ``writer`` can never come alive
+        after this answered False. A missing lock file: not alive.
+        """
+        path = self._lock_path(writer)
         try:
-            fd = os.open(self._lock_path(writer), os.O_RDWR)
-        except OSError:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
             return False
+        except OSError:
+            return True  # cannot tell: keep its files
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
             return True
+        try:
+            path.unlink()
+        except OSError:
+            pass
         finally:
             os.close(fd)
         return False
@@ -381,7 +431,9 @@ class SnapshotStore:
             parts = tmp.name.split(".")
             # <name>.<writer>.<random>.tmp; older files carry no writer: never live
             writer = parts[1] if len(parts) == 4 else ""
-            if writer and alive.setdefault(writer, self._writer_alive(writer)):
+            if writer and writer not in alive:
+                alive[writer] = self._writer_alive(writer)
+            if writer and alive[writer]:
                 continue
             try:
                 tmp.unlink()
@@ -389,8 +441,59 @@ class SnapshotStore:
             except OSError as exc:
                 logger.warning("HiState: cannot remove stale temp file %s: %s", tmp, exc)
         for lock in self._lock_path(self.writer).parent.glob("*.lock"):
-            if lock.stem != self.writer and not alive.get(lock.stem, self._writer_alive(lock.stem)):
+            if lock.stem not in alive:
+                self._writer_alive(lock.stem)  # reaps the lock files of dead writers
+
+    def _sweep_other_namespaces(self) -> None:
+        """Count other namespaces' files; remove those of superseded ones no live store uses.
+
+        Another namespace's files are never read (other model, layout or
+        weights). A superseded one's (:func:`~vllm_ext.histate.namespaces.superseded`:
+        the same model and layout with other weights) can never be a hit again.
+        """
+        in_use = self._namespaces_in_use()
+        foreign = 0
+        for folder in sorted(self.root.parent.glob("ns-*")):
+            files = list(folder.glob("*" + SUFFIX)) if folder != self.root else []
+            if not files:
+                continue
+            other = namespace_of(folder, MAGIC, SUFFIX)
+            if other is None or not superseded(self.namespace, other) or (
+                folder.name in in_use or None in in_use
+            ):
+                foreign += len(files)
+                continue
+            removed = 0
+            for path in [*files, *folder.glob("*" + TMP_SUFFIX)]:
                 try:
-                    lock.unlink()
+                    path.unlink()
+                    removed += path.suffix == SUFFIX
                 except OSError:
                     pass
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+            self.counters.inc("ssd_superseded_removed", removed)
+            logger.info(
+                "HiState: removed %d snapshot files of %s: the same model and layout with other "
+                "(or unverified) weights, never a hit again", removed, folder.name,
+            )  # fmt: skip
+        if foreign:
+            self.counters.inc("ssd_foreign_files", foreign)
+            logger.info(
+                "HiState: %d snapshot files of other models, layouts or weights under %s are "
+                "never read", foreign, self.root.parent,
+            )  # fmt: skip
+
+    def _namespaces_in_use(self) -> set[str | None]:
+        """Folders of the live stores of other writers (None: a live one that has not said)."""
+        used: set[str | None] = set()
+        for lock in self._lock_path(self.writer).parent.glob("*.lock"):
+            if lock.stem == self.writer or not self._writer_alive(lock.stem):
+                continue
+            try:
+                used.add(lock.read_text() or None)
+            except (OSError, UnicodeDecodeError):
+                used.add(None)
+        return used
