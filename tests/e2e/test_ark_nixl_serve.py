@@ -34,7 +34,7 @@ from vllm_ext.ark.paths import LearnedMap, save_fabric_file
 from vllm_ext.ark.proxy import serve
 from vllm_ext.ark.shim import build, nixl_ucx_workers
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, free_port, free_port_block
+from vllm_ext.serving import VllmServer, free_port_block
 
 pytestmark = [
     pytest.mark.skipif(
@@ -49,8 +49,8 @@ PORT_COUNT, N_SPINES, DECODE_NAME = 16, 4, "127.0.0.3"
 # the prefill's UCX_TCP_PORT_RANGE: its NIXL agent (num_threads=4) has 5 UCX workers, each a
 # TCP listener from the range (UCX retries a busy range forever: with 4 ports the prefill
 # worker hung at start-up); spare ports for one another process takes meanwhile. Both
-# ranges lie below the ephemeral range: the decode worker's own listeners (bound to port 0)
-# once took a planned port there
+# ranges and the side channels lie below the ephemeral range: the decode worker's own port-0
+# listeners once took a planned port there, another socket a side-channel port
 LISTENER_PORTS = 8
 
 
@@ -78,16 +78,15 @@ def pd(tmp_path_factory):
     port_base = free_port_block(PORT_COUNT)
     first = free_port_block(LISTENER_PORTS, port_base + PORT_COUNT)
     last = first + LISTENER_PORTS - 1
+    side_channels = free_port_block(2, last + 1)  # NIXL's handshake listeners (ZMQ)
     fabric = _fabric_file(logs / "fabric.json", port_base, range(first, last + 1))
     ark = {"host": DECODE_NAME, "port_base": port_base, "port_count": PORT_COUNT,
            "nixl_listener_ports": f"{first}-{last}", "fabric_file": str(fabric)}  # fmt: skip
     nixl_dir = str(Path(importlib.util.find_spec("nixl").origin).parents[1])
     # two servers on 2 cores: one unpinned OpenMP thread each; UCX over TCP only (on one
-    # host it would pick shared memory), NIXL's side channel on IPv4 loopback; the worker in
-    # its own process (with the tests' in-process engine core, the prefill server hung in
-    # NIXL's worker init on this build)
+    # host it would pick shared memory), NIXL's side channel on IPv4 loopback; the engine
+    # core in the server's process, as in the other tests (passed in its own process too)
     env = {**server_env(), "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
            "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], nixl_dir])
@@ -96,12 +95,12 @@ def pd(tmp_path_factory):
     model = str(model_path("smollm2"))
     prefill = VllmServer(model, [*common, "--kv-transfer-config",
                                  _kv("NixlConnector", "kv_producer")],
-                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channels),
                               "UCX_TCP_PORT_RANGE": f"{first}-{last}"},
                          log_path=logs / "prefill.log", startup_timeout_s=600)  # fmt: skip
     decode = VllmServer(model, [*common, "--kv-transfer-config",
                                 _kv("ArkNixlConnector", "kv_consumer")],
-                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channels + 1),
                              "LD_PRELOAD": str(build())},
                         log_path=logs / "decode.log", startup_timeout_s=600)  # fmt: skip
 
