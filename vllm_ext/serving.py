@@ -8,6 +8,7 @@ when start-up fails, the error carries its tail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -45,6 +46,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def free_port_block(n: int, start: int = 20000) -> int:
+    """The first of ``n`` consecutive ports free now, below the kernel's ephemeral range.
+
+    For port ranges handed to native code (UCX's ``UCX_TCP_PORT_RANGE``, ARK's candidate
+    ports): a socket bound to port 0 anywhere on the host may take a port in the ephemeral
+    range at any time, so a range there can lose a port between this check and its use.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for first in range(start, low - n + 1, n):
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise RuntimeError(f"no {n} consecutive free ports in {start}..{low - 1}")
 
 
 # "vllm" is vLLM's own CLI (through vllm_ext.vllm_main, which only works around

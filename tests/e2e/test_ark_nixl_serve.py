@@ -5,8 +5,9 @@ over TCP on loopback.
 
 Greedy completions through the proxy equal the prefill instance's own answers on random
 prompts; the decode worker's connections to the prefill side's UCX listener use exactly
-the ports ARK's plan took from the path map (4, one per NIXL worker thread, on 4 distinct
-spines of the map), and the KV bytes arrived on those connections (``ss``). Loopback has
+the ports ARK's plan took from the path map (5, one per UCX worker of its NIXL agent: 4
+threads' and the agent's own, covering the 4 spines of the map), and the KV bytes arrived
+on those connections (``ss``). Both port ranges lie below the kernel's ephemeral range. Loopback has
 no spines: the path map stands in for a probed one (the decode instance is named
 ``127.0.0.3`` in it), so this checks that planned ports reach the wire, not a path.
 Skips when ``nixl`` is not importable (not a dependency: docs/ark.md says how to add it).
@@ -31,9 +32,9 @@ from vllm_ext.ark.config import load_ark_config
 from vllm_ext.ark.nixl import listener_plans
 from vllm_ext.ark.paths import LearnedMap, save_fabric_file
 from vllm_ext.ark.proxy import serve
-from vllm_ext.ark.shim import build
+from vllm_ext.ark.shim import build, nixl_ucx_workers
 from vllm_ext.assets import model_path
-from vllm_ext.serving import VllmServer, free_port
+from vllm_ext.serving import VllmServer, free_port_block
 
 pytestmark = [
     pytest.mark.skipif(
@@ -44,21 +45,22 @@ pytestmark = [
     pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler"),
 ]
 
-PORT_BASE, PORT_COUNT, N_SPINES, DECODE_NAME = 42000, 16, 4, "127.0.0.3"
+PORT_COUNT, N_SPINES, DECODE_NAME = 16, 4, "127.0.0.3"
+# the prefill's UCX_TCP_PORT_RANGE: its NIXL agent (num_threads=4) has 5 UCX workers, each a
+# TCP listener from the range (UCX retries a busy range forever: with 4 ports the prefill
+# worker hung at start-up); spare ports for one another process takes meanwhile. Both
+# ranges and the side channels lie below the ephemeral range: the decode worker's own port-0
+# listeners once took a planned port there, another socket a side-channel port
+LISTENER_PORTS = 8
 
 
-def _listener_range() -> tuple[int, int]:
-    first = free_port()
-    return first, min(first + 3, 65535)
-
-
-def _fabric_file(path: Path, listeners: range) -> Path:
+def _fabric_file(path: Path, port_base: int, listeners: range) -> Path:
     # each spine behind 4 of the 16 candidate ports, in a random order, per listener port
     rng = np.random.default_rng(11)
     paths = LearnedMap()
     for listener in listeners:
         spines = rng.permutation(np.repeat(np.arange(N_SPINES), PORT_COUNT // N_SPINES))
-        for port, spine in zip(range(PORT_BASE, PORT_BASE + PORT_COUNT), spines, strict=True):
+        for port, spine in zip(range(port_base, port_base + PORT_COUNT), spines, strict=True):
             paths.record("127.0.0.1", DECODE_NAME, listener, port, int(spine))
     return save_fabric_file(path, {"127.0.0.1": 0, DECODE_NAME: 1}, N_SPINES, paths)
 
@@ -73,17 +75,18 @@ def _kv(connector: str, role: str) -> str:
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
     logs = tmp_path_factory.mktemp("ark-nixl")
-    first, last = _listener_range()
-    fabric = _fabric_file(logs / "fabric.json", range(first, last + 1))
-    ark = {"host": DECODE_NAME, "port_base": PORT_BASE, "port_count": PORT_COUNT,
+    port_base = free_port_block(PORT_COUNT)
+    first = free_port_block(LISTENER_PORTS, port_base + PORT_COUNT)
+    last = first + LISTENER_PORTS - 1
+    side_channels = free_port_block(2, last + 1)  # NIXL's handshake listeners (ZMQ)
+    fabric = _fabric_file(logs / "fabric.json", port_base, range(first, last + 1))
+    ark = {"host": DECODE_NAME, "port_base": port_base, "port_count": PORT_COUNT,
            "nixl_listener_ports": f"{first}-{last}", "fabric_file": str(fabric)}  # fmt: skip
     nixl_dir = str(Path(importlib.util.find_spec("nixl").origin).parents[1])
     # two servers on 2 cores: one unpinned OpenMP thread each; UCX over TCP only (on one
-    # host it would pick shared memory), NIXL's side channel on IPv4 loopback; the worker in
-    # its own process (with the tests' in-process engine core, the prefill server hung in
-    # NIXL's worker init on this build)
+    # host it would pick shared memory), NIXL's side channel on IPv4 loopback; the engine
+    # core in the server's process, as in the other tests (passed in its own process too)
     env = {**server_env(), "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
            "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo",
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}  # fmt: skip
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], nixl_dir])
@@ -92,12 +95,12 @@ def pd(tmp_path_factory):
     model = str(model_path("smollm2"))
     prefill = VllmServer(model, [*common, "--kv-transfer-config",
                                  _kv("NixlConnector", "kv_producer")],
-                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                         env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channels),
                               "UCX_TCP_PORT_RANGE": f"{first}-{last}"},
                          log_path=logs / "prefill.log", startup_timeout_s=600)  # fmt: skip
     decode = VllmServer(model, [*common, "--kv-transfer-config",
                                 _kv("ArkNixlConnector", "kv_consumer")],
-                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                        env={**env, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channels + 1),
                              "LD_PRELOAD": str(build())},
                         log_path=logs / "decode.log", startup_timeout_s=600)  # fmt: skip
 
@@ -138,15 +141,15 @@ def test_pd_through_nixl_equals_one_instance_on_planned_ports(pd):
         assert _complete(proxy, prompt) == _complete(prefill.base_url, prompt)
     first, last = (int(p) for p in ark["nixl_listener_ports"].split("-"))
     conns = _connections(range(first, last + 1))
-    candidates = range(PORT_BASE, PORT_BASE + PORT_COUNT)
+    candidates = range(ark["port_base"], ark["port_base"] + PORT_COUNT)
     ours = [c for c in conns if c[0] in candidates]  # the decode side's ends
     assert ours, conns
     (listener,) = {remote for _, remote, _ in ours}
     # the plan the decode worker made, recomputed from the same config and path map
     plans = listener_plans(load_ark_config(ark))
-    expected = plans.ports("127.0.0.1", 4)[listener]
+    expected = plans.ports("127.0.0.1", nixl_ucx_workers())[listener]
     assert sorted(local for local, _, _ in ours) == sorted(expected)
-    assert len({plans.plans[listener].spines()[p] for p in expected}) == 4
+    assert len({plans.plans[listener].spines()[p] for p in expected}) == N_SPINES
     # the KV (SmolLM2, float32: 30 layers x 2 x 3 x 64 x 4 bytes = 46 KB per token) came in
     # on planned ports
     assert sum(nbytes for _, _, nbytes in ours) > 20 * 46_080

@@ -46,8 +46,9 @@ class ArkConfig:
     nixl_listener_ports: str | None = option(
         None,
         doc="decode side with ArkNixlConnector: the prefill instances' UCX TCP listener ports, "
-        "'first-last' (their UCX_TCP_PORT_RANGE, at most 16 ports); with fabric_file each "
-        "NIXL connection's port is planned from the path map; None: per-peer candidate ports",
+        "'first-last' (their UCX_TCP_PORT_RANGE: at least one port per UCX worker of their NIXL "
+        "agent, 5 with vLLM's num_threads=4; at most 16 ports); with fabric_file each NIXL "
+        "connection's port is planned from the path map; None: per-peer candidate ports",
     )
     load_timeout_s: float = option(
         30.0,

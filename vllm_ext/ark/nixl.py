@@ -4,17 +4,20 @@ UCX opens its data connections inside native code, so the port is applied by the
 ``LD_PRELOAD`` shim (``csrc/ark/ark_bind_shim.c``): before the decode worker's first
 NIXL handshake with a prefill host (the connection that carries the KV is opened
 right after, when the remote agent is added), this connector gives the shim the
-port list for that host, one port per NIXL worker thread (vLLM creates its agent
-with ``num_threads=4``, so up to four connections per pair: the shim rotates the
-list over them). In pull mode the KV flows prefill listener -> this port, so the
-port picks the flow's 5-tuple. Honoured per connection: UCX keeps a connection per
+port list for that host, one port per UCX worker of the agent: vLLM creates it with
+``num_threads=4`` (``kv_connector_extra_config``), i.e. five UCX workers, each of which
+connects once to the peer (five connections per pair; the shim rotates the list over
+them). In pull mode the KV flows prefill listener -> this port, so the port picks the
+flow's 5-tuple. Honoured per connection: UCX keeps a connection per
 agent pair for the instance's life, so this is per peer, not per transfer.
 
 With ``fabric_file`` and ``nixl_listener_ports`` (the prefill instances'
 ``UCX_TCP_PORT_RANGE``) the ports are planned from the probed path map of the KV
 direction (:class:`vllm_ext.ark.connplan.ListenerPlans`); otherwise each peer gets
-a slice of the candidate range. The handshake's own ZMQ connection keeps an
-ephemeral port.
+a slice of the candidate range. That range must hold a listener per UCX worker of
+the prefill's agent (5 ports at least): UCX retries a busy range forever, so with
+fewer ports the prefill worker hangs in its NIXL agent's creation. The handshake's
+own ZMQ connection keeps an ephemeral port.
 
 Run the decode instance with ``LD_PRELOAD=$(python -c 'from vllm_ext.ark.shim import
 build; print(build())')``; without it nothing is applied and a warning says so.
@@ -30,7 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPull
 from vllm_ext.ark.config import SYSTEM, ArkConfig, load_ark_config
 from vllm_ext.ark.connplan import ListenerPlans
 from vllm_ext.ark.paths import load_fabric_file
-from vllm_ext.ark.shim import NIXL_THREADS, PortHook, ShimPorts
+from vllm_ext.ark.shim import NIXL_THREADS, PortHook, ShimPorts, nixl_ucx_workers
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 
@@ -38,6 +41,21 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = get_logger(__name__)
+
+
+def check_listener_range(cfg: ArkConfig, connections: int) -> None:
+    """Refuse a ``nixl_listener_ports`` range that cannot hold the prefill's listeners.
+
+    Each UCX worker of the prefill's NIXL agent listens on a port of its
+    ``UCX_TCP_PORT_RANGE``, and UCX retries a busy range forever: a range with fewer
+    ports than workers hangs the prefill worker's start-up without an error.
+    """
+    if cfg.listener_ports and len(cfg.listener_ports) < connections:
+        raise ConfigError(
+            f"ArkConfig.nixl_listener_ports {cfg.nixl_listener_ports!r} has "
+            f"{len(cfg.listener_ports)} ports; the prefill's UCX_TCP_PORT_RANGE needs one "
+            f"per UCX worker of its NIXL agent ({connections}: num_threads + 1), else its "
+            "worker hangs at start-up in UCX's listener bind")
 
 
 def listener_plans(cfg: ArkConfig) -> ListenerPlans | None:
@@ -59,17 +77,22 @@ class ArkNixlConnector(NixlPullConnector):
         if role == KVConnectorRole.WORKER and self.connector_worker is not None:
             additional = getattr(vllm_config, "additional_config", None) or {}
             cfg = load_ark_config(additional.get(SYSTEM))
+            # one connection per UCX worker of this agent, as vLLM configures it
+            threads = vllm_config.kv_transfer_config.get_from_extra_config(
+                "num_threads", NIXL_THREADS)
+            connections = nixl_ucx_workers(int(threads))
+            check_listener_range(cfg, connections)
             plans = listener_plans(cfg)
-            hook = PortHook(ShimPorts(), cfg.port_base, cfg.port_count, NIXL_THREADS,
-                            plan=None if plans is None else _logged(plans))  # fmt: skip
+            plan = None if plans is None else _logged(plans, connections)
+            hook = PortHook(ShimPorts(), cfg.port_base, cfg.port_count, connections, plan)
             worker = self.connector_worker
             # per instance, so vLLM's class stays untouched
             worker._nixl_handshake = hook.wrap(worker._nixl_handshake)
 
 
-def _logged(plans: ListenerPlans):
+def _logged(plans: ListenerPlans, connections: int):
     def plan(peer: str) -> dict[int, list[int]]:
-        ports = plans.ports(peer, NIXL_THREADS)
+        ports = plans.ports(peer, connections)
         planned, kept = plans.counts()
         logger.info("ARK: NIXL ports for %s per listener port %s (planned %d, kept %d)",
                     peer, ports, planned, kept)  # fmt: skip

@@ -26,6 +26,15 @@ logger = get_logger(__name__)
 
 SOURCE = Path(__file__).resolve().parents[2] / "csrc" / "ark" / "ark_bind_shim.c"
 NIXL_THREADS = 4  # vLLM's nixl_agent_config(num_threads=4) in nixl/base_worker.py
+
+
+def nixl_ucx_workers(num_threads: int = NIXL_THREADS) -> int:
+    """UCX workers of a NIXL agent: one per worker thread plus the agent's own.
+
+    Each opens one TCP connection to a peer it adds (so this many connections per
+    pair) and, on the side being read, one listener from ``UCX_TCP_PORT_RANGE``.
+    """
+    return num_threads + 1
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm_ext" / "ark"
 
 
@@ -108,7 +117,7 @@ def peer_ports(peer: str, port_base: int, port_count: int, per_peer: int) -> lis
 
     Several peers get different slices of the candidate range, so connections to
     different peers do not compete for one port; the list covers one connection per
-    NIXL/UCX worker thread.
+    UCX worker of the NIXL agent (:func:`nixl_ucx_workers`).
     """
     if per_peer < 1 or port_count < 1:
         raise ValueError(f"per_peer and port_count must be >= 1, got {per_peer}, {port_count}")
@@ -126,7 +135,7 @@ class PortHook:
     """
 
     def __init__(self, shim: ShimPorts, port_base: int, port_count: int,
-                 per_peer: int = NIXL_THREADS,
+                 per_peer: int = nixl_ucx_workers(),
                  plan: Callable[[str], dict[int, list[int]]] | None = None) -> None:  # fmt: skip
         self.shim, self.port_base, self.port_count, self.per_peer = (
             shim, port_base, port_count, per_peer)  # fmt: skip
