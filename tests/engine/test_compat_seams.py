@@ -180,3 +180,18 @@ def test_instance_entries_hold_on_0_32s_real_objects():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "verified" in out.stdout
+
+
+def test_every_override_of_ours_has_its_vllm_call_checked():
+    """A method our classes (found by scanning) override is covered by a ``call`` entry or
+    listed in its system's ``UNCALLED`` with the reason: a new override fails here until
+    its call shape is declared."""
+    pytest.importorskip("vllm")
+    from vllm_ext.common import compat_check
+
+    rows = compat_check.override_rows()
+    assert [r["seam"] for r in rows if r["status"] == "unchecked"] == []
+    assert [r for r in rows if r["status"] != "ok"] == []
+    checked = {r["seam"] for r in rows}
+    assert "how vLLM calls LeapRequestQueue.remove_request" in checked  # an UNCALLED one
+    assert "HiStateCachePolicy.insert overrides CachePolicy.insert" in checked

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm_ext.common import compat
+from vllm_ext.common import compat, compat_check, compat_doc
 from vllm_ext.common.log import get_logger
 
 
@@ -109,3 +109,34 @@ def test_plugin_entry_point_is_reentrant_and_imports_no_vllm():
         "register(); register()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_module_that_imports_vllm_is_an_adapter_the_check_imports():
+    """The scan finds each module a plain text search says imports vLLM, and those it
+    imports through a patch (histate.device_pool), so none goes unchecked."""
+    import re
+
+    adapters = set(compat_check.adapters())
+    pattern = re.compile(r"^\s*(from vllm[ .]|import vllm\b)", re.M)
+    for path in compat_check.PACKAGE.rglob("*.py"):
+        if pattern.search(path.read_text()):
+            module = ".".join(path.relative_to(compat_check.REPO).with_suffix("").parts)
+            assert module.removesuffix(".__init__") in adapters, module
+    for module in ("vllm_ext.ark.nixl", "vllm_ext.common.quantization_config",
+                   "vllm_ext.etaps.linear_method", "vllm_ext.histate.cache_policy",
+                   "vllm_ext.histate.device_pool", "vllm_ext.tvq.linear_method"):  # fmt: skip
+        assert module in adapters, module
+
+
+def test_docs_compat_md_agrees_with_the_checks_on_every_release():
+    """Reruns the import-level check on vLLM 0.32 (installed), 0.33 and 0.34 (their
+    source trees), each in its own process, and compares the rendered doc."""
+    pytest.importorskip("vllm")
+    for version in compat_check.RELEASES[1:]:
+        if not (compat_check.REPO / ".vllm-releases" / version / ".complete").exists():
+            pytest.skip(f"vLLM {version}'s sdist is not unpacked: make releases")
+    reports = compat_check.check_releases()
+    assert [r["vllm"] for r in reports] == list(compat_check.RELEASES)
+    assert compat_doc.render(reports) == compat_check.DOC.read_text(), (
+        f"docs/compat.md disagrees with the checks: run `{compat_doc.REGENERATE}`"
+    )

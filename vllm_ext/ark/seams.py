@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from vllm_ext.common.seam import Seam
-from vllm_ext.common.seams import connector_calls
+from vllm_ext.common.seams import connector_calls, prom_metrics_calls
 
 _KVB = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _KVM = "vllm.distributed.kv_transfer.kv_connector.v1.metrics"
@@ -47,4 +47,10 @@ SEAMS: tuple[Seam, ...] = (
     # how vLLM calls ARK's overrides
     *connector_calls("ark", "vllm_ext.ark.connector:ArkConnector"),
     *connector_calls("ark", "vllm_ext.ark.nixl:ArkNixlConnector"),
+    *prom_metrics_calls("ark", "vllm_ext.ark.prom:ArkPromMetrics"),
 )  # fmt: skip
+
+# our overrides vLLM does not call (so no call entry), each with the reason
+UNCALLED: dict[str, str] = {
+    "ArkPromMetrics.__init__": "built by ArkConnector.build_prom_metrics, not by vLLM",
+}

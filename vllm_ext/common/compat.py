@@ -56,6 +56,15 @@ SEAMS: tuple[Seam, ...] = tuple(
     for seam in importlib.import_module(f"vllm_ext.{system}.seams").SEAMS
 )
 
+# "Class.method" of our overrides vLLM never calls, with the reason (each seams.py's UNCALLED)
+UNCALLED: dict[str, str] = {
+    key: why
+    for system in SYSTEMS
+    for key, why in vars(importlib.import_module(f"vllm_ext.{system}.seams"))
+    .get("UNCALLED", {})
+    .items()
+}
+
 
 def selected_by(system: str) -> tuple[str, ...]:
     """Words of a ``vllm serve`` command line that select ``system`` (its ``SELECTED_BY``)."""

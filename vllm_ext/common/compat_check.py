@@ -191,10 +191,21 @@ def overrides(cls: type) -> list[tuple[str, type]]:
     return out
 
 
+def _function(path: str):
+    """The function ``"module:Class.method"`` names (inherited ones compare equal)."""
+    module, _, qualname = path.partition(":")
+    owner, _, method = qualname.rpartition(".")
+    try:
+        value = getattr(getattr(importlib.import_module(module), owner), method)
+    except (ImportError, AttributeError):
+        return path
+    return getattr(value, "__func__", value)
+
+
 def override_rows() -> list[dict]:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 
-    called = {s.ours for s in compat.SEAMS if s.kind == "call"}
+    called = {_function(s.ours) for s in compat.SEAMS if s.kind == "call"}
     rows = []
     for system, cls in our_classes():
         path = f"{cls.__module__}:{cls.__name__}"
@@ -214,8 +225,14 @@ def override_rows() -> list[dict]:
                 continue
             label = f"{cls.__name__}.{name} overrides {base.__name__}.{name}"
             rows.append(_row(system, label, "changed" if problem else "ok", problem or ""))
-            if f"{path}.{name}" not in called:
-                label = f"how vLLM calls {cls.__name__}.{name}"
+            if _function(f"{path}.{name}") in called:
+                continue  # the call entries' own rows say how vLLM calls it
+            owner = next(b for b in cls.__mro__ if name in vars(b)).__name__
+            why = compat.UNCALLED.get(f"{owner}.{name}")
+            label = f"how vLLM calls {cls.__name__}.{name}"
+            if why is not None:
+                rows.append(_row(system, label, "ok", f"vLLM does not call it: {why}"))
+            else:
                 rows.append(_row(system, label, "unchecked", compat_doc.NO_CALL_SITE))
     return rows
 

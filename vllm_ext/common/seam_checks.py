@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import importlib
 import inspect
 import textwrap
@@ -83,19 +84,25 @@ class CallShape:
 
 def call_shapes(function, expression: str) -> list[CallShape]:
     """Every call of ``expression`` (e.g. ``"self._policy.insert"``) in ``function``'s source."""
+    return _calls_in(function).get(expression, [])
+
+
+@functools.cache
+def _calls_in(function) -> dict[str, list[CallShape]]:
+    # one parse per vLLM function: several seams (and systems) name the same caller
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    shapes = []
+    calls: dict[str, list[CallShape]] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == expression:
+        if isinstance(node, ast.Call):
             starred = any(isinstance(a, ast.Starred) for a in node.args)
-            shapes.append(
+            calls.setdefault(ast.unparse(node.func), []).append(
                 CallShape(
                     None if starred else len(node.args),
                     tuple(k.arg for k in node.keywords if k.arg is not None),
                     any(k.arg is None for k in node.keywords),
                 )
             )
-    return shapes
+    return calls
 
 
 def override(path: str):

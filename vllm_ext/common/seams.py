@@ -15,6 +15,10 @@ _KVM = "vllm.distributed.kv_transfer.kv_connector.v1.metrics"
 _SCHED = "vllm.v1.core.sched.scheduler"
 _V2_KV = "vllm.v1.worker.gpu.kv_connector"
 _LINEAR = "vllm.model_executor.layers.linear"
+_ATTN_KV = "vllm.model_executor.layers.attention.kv_transfer_utils"
+_KVU = "vllm.distributed.kv_transfer.kv_connector.utils"
+_QCFG = "vllm_ext.common.quantization_config:CheckpointQuantizationConfig"
+_STATS = "vllm_ext.common.prom:CounterStats"
 
 # (vLLM's calling module, function, call expression, the connector method it reaches)
 CONNECTOR_CALL_SITES: tuple[tuple[str, str, str, str], ...] = (
@@ -33,6 +37,9 @@ CONNECTOR_CALL_SITES: tuple[tuple[str, str, str, str], ...] = (
         ("update_from_output", "get_kv_connector_stats"),
         ("shutdown", "shutdown"),
     )),
+    (_ATTN_KV, "maybe_transfer_kv_layer", "connector.wait_for_layer_load", "wait_for_layer_load"),
+    (_ATTN_KV, "maybe_transfer_kv_layer", "connector.save_kv_layer", "save_kv_layer"),
+    (_KVB, "KVConnectorBase_V1.get_transfer_results", "self.get_finished", "get_finished"),
     # Model Runner V2's worker side (vLLM 0.34 has no other)
     *((_V2_KV, f"ActiveKVConnector.{caller}", f"self.kv_connector.{method}", method)
       for caller, method in (
@@ -44,7 +51,6 @@ CONNECTOR_CALL_SITES: tuple[tuple[str, str, str, str], ...] = (
     )),
 )  # fmt: skip
 
-
 def connector_calls(system: str, connector: str) -> tuple[Seam, ...]:
     """``call`` entries: each connector method vLLM calls must bind to ``connector``'s
     (``"vllm_ext.<module>:<Class>"``)."""
@@ -52,6 +58,23 @@ def connector_calls(system: str, connector: str) -> tuple[Seam, ...]:
         Seam(system, module, caller, "call", "vLLM calls the connector with this shape",
              (expression,), ours=f"{connector}.{method}")
         for module, caller, expression, method in CONNECTOR_CALL_SITES
+    )
+
+
+def worker_meta_calls(system: str, metadata: str) -> tuple[Seam, ...]:
+    """``call`` entry: TP ranks' worker metadata (``metadata``) are merged by vLLM."""
+    return (
+        Seam(system, _KVU, "KVOutputAggregator.aggregate", "call",
+             "TP ranks' worker metadata are merged",
+             ("aggregated_kv_connector_worker_meta.aggregate",), ours=f"{metadata}.aggregate"),
+    )
+
+
+def prom_metrics_calls(system: str, metrics: str) -> tuple[Seam, ...]:
+    """``call`` entry: vLLM's per-connector Prometheus logger feeds ``metrics``."""
+    return (
+        Seam(system, _KVM, "KVConnectorProm.observe", "call", "connector stats reach /metrics",
+             ("self.prom_metrics.observe",), ours=f"{metrics}.observe"),
     )
 
 
@@ -145,4 +168,38 @@ SEAMS: tuple[Seam, ...] = (
     # the base of TVQ's and ETAPS's quantization configs (common/quantization_config.py)
     Seam("common", "vllm.model_executor.layers.quantization.base_config", "QuantizationConfig",
          "symbol", "CheckpointQuantizationConfig's base (TVQ, ETAPS)"),
+    # how vLLM calls our counters' stats and the quantization configs' base
+    *(Seam("common", module, caller, "call", "vLLM merges, reduces and tests connector stats",
+           (expression,), ours=f"{_STATS}.{expression.rpartition('.')[2]}")
+      for module, caller, expression in (
+          ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
+           "kv_connector_stats.aggregate"),
+          ("vllm.v1.core.sched.scheduler", "Scheduler.update_from_output",
+           "scheduler_kv_connector_stats.is_empty"),
+          (_KVU, "KVOutputAggregator.aggregate", "aggregated_kv_connector_stats.aggregate"),
+          (_KVM, "KVConnectorLogging.observe", "self.transfer_stats_accumulator.aggregate"),
+          (_KVM, "KVConnectorLogging.log", "self.transfer_stats_accumulator.reduce"),
+          (_KVM, "KVConnectorLogging.log", "self.transfer_stats_accumulator.is_empty"),
+      )),
+    *prom_metrics_calls("common", "vllm_ext.common.prom:CounterPromMetrics"),
+    *(Seam("common", module, caller, "call", "vLLM reads a checkpoint's quantization config",
+           (expression,), ours=f"{_QCFG}.{expression.rpartition('.')[2]}")
+      for module, caller, expression in (
+          ("vllm.model_executor.model_loader.weight_utils", "get_quant_config",
+           "quant_cls.from_config"),
+          ("vllm.model_executor.model_loader.weight_utils", "get_quant_config",
+           "quant_cls.get_config_filenames"),
+          ("vllm.config.vllm", "VllmConfig._get_quantization_config",
+           "quant_config.get_supported_act_dtypes"),
+          ("vllm.model_executor.layers.quantization.base_config", "resolve_quant_method",
+           "quant_config.get_quant_method"),
+      )),
 )  # fmt: skip
+
+# our overrides vLLM does not call (so no call entry), each with the reason
+UNCALLED: dict[str, str] = {
+    "CounterStats.reset": "vLLM's KVConnectorStats calls it from its own __post_init__ only",
+    "CounterPromMetrics.__init__": "built by our build_prom_metrics, not by vLLM",
+    "CheckpointQuantizationConfig.__init__": "built by our from_config, not by vLLM",
+    "CheckpointQuantizationConfig.get_name": "called with no arguments",
+}

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from vllm_ext.common.seam import Seam
-from vllm_ext.common.seams import connector_calls
+from vllm_ext.common.seams import connector_calls, worker_meta_calls
 
 _KVB = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _KVPOL = "vllm.v1.kv_offload.cpu.policies.base"
@@ -114,6 +114,7 @@ SEAMS: tuple[Seam, ...] = (
     # how vLLM calls HiState's overrides: the connector, and the policy inside vLLM's
     # CPUOffloadingManager (0.33 added req_context to insert; 0.34 stopped calling touch)
     *connector_calls("histate", "vllm_ext.histate.connector:HiStateConnector"),
+    *worker_meta_calls("histate", "vllm_ext.histate.metadata:HiStateWorkerMetadata"),
     Seam("histate", _MGR, "CPUOffloadingManager.__init__", "call",
          "the manager builds the policy", ("policy_cls",), ours=f"{_POLICY}.__init__"),
     *(Seam("histate", _MGR, f"CPUOffloadingManager.{caller}", "call",

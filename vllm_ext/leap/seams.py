@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from vllm_ext.common.seam import Seam
-from vllm_ext.common.seams import connector_calls
+from vllm_ext.common.seams import connector_calls, worker_meta_calls
 
 _LOADER = "vllm.model_executor.model_loader"
 _MULTI = "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector"
@@ -95,6 +95,26 @@ SEAMS: tuple[Seam, ...] = (
           ("schedule", "request_queue", "pop_request"),
           ("finish_requests", "self.waiting", "remove_requests"),
       )),
-    Seam("leap", _LOADER, "get_model", "call", "vLLM loads the model through our loader",
-         ("loader.load_model",), ours="vllm_ext.leap.loader:LeapModelLoader.load_model"),
+    *worker_meta_calls("leap", "vllm_ext.leap.connector:LeapWorkerMetadata"),
+    *(Seam("leap", "vllm.v1.engine.core", "EngineCore.__init__", "call",
+           "the engine builds the scheduler (--scheduler-cls)", ("Scheduler",),
+           ours=f"vllm_ext.leap.scheduler:{cls}.__init__")
+      for cls in ("LeapScheduler", "LeapAsyncScheduler")),
+    *(Seam("leap", module, caller, "call", "vLLM builds and drives our loader", (expression,),
+           ours=f"vllm_ext.leap.loader:LeapModelLoader.{method}")
+      for module, caller, expression, method in (
+          (_LOADER, "get_model_loader", "_LOAD_FORMAT_TO_MODEL_LOADER[load_format]", "__init__"),
+          (_LOADER, "get_model", "loader.load_model", "load_model"),
+          ("vllm.v1.worker.gpu_worker", "Worker.init_device",
+           "get_model_loader(self.load_config).get_external_weight_memory",
+           "get_external_weight_memory"),
+      )),
 )  # fmt: skip
+
+# our overrides vLLM does not call (so no call entry), each with the reason
+UNCALLED: dict[str, str] = {
+    "LeapModelLoader.download_model": "vLLM calls it from loaders' own load_model, which ours "
+    "replaces; ours forwards to the inner loader",
+    "LeapModelLoader.load_weights": "as download_model: forwarded to the inner loader",
+    "LeapRequestQueue.remove_request": "vLLM's scheduler removes through remove_requests",
+}
