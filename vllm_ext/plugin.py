@@ -14,6 +14,7 @@ from vllm_ext.common import compat
 from vllm_ext.common.compat import installed_vllm_version, supported_vllm
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.systems import validate_serve_argv
+from vllm_ext.leap import runner_gate as leap_runner_gate
 
 logger = get_logger(__name__)
 
@@ -26,6 +27,8 @@ def register() -> None:
     serve`` here, with one line, before any model or engine work.
     """
     validate_serve_argv(sys.argv)
+    # LEAP's model-runner gate names the specific reason first (vLLM 0.34 has no V1 runner)
+    leap_runner_gate.refuse_serve(sys.argv)
     # a system the command selects whose vLLM seams fail: one line, exit 2
     compat.refuse_serve(sys.argv)
     if supported_vllm():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm_ext.common import compat, compat_check, compat_doc
+from vllm_ext.common import compat, compat_check, compat_doc, compat_scan
 from vllm_ext.common.log import get_logger
 
 
@@ -116,11 +116,11 @@ def test_every_module_that_imports_vllm_is_an_adapter_the_check_imports():
     imports through a patch (histate.device_pool), so none goes unchecked."""
     import re
 
-    adapters = set(compat_check.adapters())
+    adapters = set(compat_scan.adapters())
     pattern = re.compile(r"^\s*(from vllm[ .]|import vllm\b)", re.M)
-    for path in compat_check.PACKAGE.rglob("*.py"):
+    for path in compat_scan.PACKAGE.rglob("*.py"):
         if pattern.search(path.read_text()):
-            module = ".".join(path.relative_to(compat_check.REPO).with_suffix("").parts)
+            module = ".".join(path.relative_to(compat_scan.REPO).with_suffix("").parts)
             assert module.removesuffix(".__init__") in adapters, module
     for module in ("vllm_ext.ark.nixl", "vllm_ext.common.quantization_config",
                    "vllm_ext.etaps.linear_method", "vllm_ext.histate.cache_policy",

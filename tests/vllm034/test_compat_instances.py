@@ -4,7 +4,7 @@ vLLM's own ``create_scheduler`` builds a ``Scheduler`` with its ``KVCacheManager
 ``BlockPool`` and an ``ExampleConnector`` (a real ``KVConnectorBase_V1``); one
 scheduled step gives a ``SchedulerOutput``; the connector metrics class is
 built as vLLM's logger builds it. Every instance entry is either verified here
-or listed in ``compat_check.INSTANCE_TESTS`` as not built on this release, and
+or listed in ``compat_evidence.INSTANCE_TESTS`` as not built on this release, and
 the test fails when the two disagree (a new instance entry must be built here).
 Runs on any release whose code and tests the process imports (``make test-034``;
 the 0.32 engine tier runs it against 0.32's, tests/engine/test_compat_seams.py).
@@ -17,7 +17,7 @@ import os
 import pytest
 from tests.v1.core.utils import create_requests, create_scheduler
 
-from vllm_ext.common import compat, compat_check
+from vllm_ext.common import compat, compat_evidence
 
 RELEASE = os.environ.get("VLLM_EXT_RELEASE_UNDER_TEST", "0.32.0")
 
@@ -56,9 +56,9 @@ def test_every_instance_entry_holds_on_this_releases_objects():
     wanted = {s.name for s in compat.SEAMS if s.kind == "instance"}
     if not compat.has_v1_runner():
         wanted -= {s.name for s in compat.SEAMS if s.runner == "v1"}
-    _, not_built = compat_check.INSTANCE_TESTS[RELEASE]
+    _, not_built = compat_evidence.INSTANCE_TESTS[RELEASE]
     assert compat.VERIFIED_INSTANCES == wanted - not_built, (
-        "instance entries verified here and compat_check.INSTANCE_TESTS disagree"
+        "instance entries verified here and compat_evidence.INSTANCE_TESTS disagree"
     )
 
 

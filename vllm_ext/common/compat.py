@@ -257,8 +257,12 @@ def refuse_serve(argv: Sequence[str]) -> None:
     before any model or engine work: exit status 2, as an argparse error.
     LEAP's model-runner gate is :func:`vllm_ext.leap.runner_gate.refuse_serve`.
     """
-    if len(argv) < 2 or argv[1] != "serve":
+    if len(argv) < 2 or argv[1] != "serve" or not selected_systems(argv[2:]):
         return
+    try:
+        importlib.import_module("vllm")
+    except Exception:
+        return  # no vLLM to run: vLLM's own import error is the message, not ours
     for system in selected_systems(argv[2:]):
         runner = ("v1" if has_v1_runner() else "v2") if system == "leap" else None
         line = refusal(system, runner)

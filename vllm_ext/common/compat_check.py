@@ -15,13 +15,12 @@ found in those modules, :func:`our_classes`) compared with the vLLM method it
 overrides, abstract methods implemented, ``SupportsHMA``, the worker
 extension's names free on vLLM's workers, our entry-point groups and each
 registered patch's ``needed()``. ``instance`` entries are verified on real
-objects by the tests :data:`INSTANCE_TESTS` names.
+objects by the tests :mod:`vllm_ext.common.compat_evidence` names.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
 import inspect
 import json
@@ -31,69 +30,14 @@ import sys
 from pathlib import Path
 
 from vllm_ext.common import compat, compat_doc
+from vllm_ext.common.compat_evidence import ENGINE_CHECKED, INSTANCE_TESTS
+from vllm_ext.common.compat_scan import REPO, adapters
 
-REPO = Path(__file__).resolve().parents[2]
-PACKAGE = REPO / "vllm_ext"
 REPORTS = REPO / ".compat"
 DOC = REPO / "docs" / "compat.md"
 RELEASES = ("0.32.0", "0.33.0", "0.34.0")  # 0.32: the installed build; others: their sdists
-# per release: the test that checks instance entries on vLLM's real objects, and the
-# instance entries it does not build (the test asserts it verifies all the others)
-_GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn.QwenGatedDeltaNetAttention"
-_ATTN = "vllm.model_executor.layers.attention.attention.Attention"
-_NOT_BUILT = frozenset({
-    *(f"{_GDN}.{a}" for a in ("in_proj_qkvz", "in_proj_ba", "gqa_interleaved_layout", "key_dim",
-                              "value_dim", "tp_size", "head_v_dim", "conv1d", "activation",
-                              "A_log", "dt_bias", "conv_kernel_size")),
-    *(f"{_ATTN}.{a}" for a in ("num_heads", "num_kv_heads", "head_size", "head_size_v", "impl",
-                               "sliding_window")),
-    "torch.nn.Module._modules",
-    "vllm.distributed.kv_transfer.kv_connector.v1.multi_connector.MultiConnector._connectors",
-    "vllm.v1.core.single_type_kv_cache_manager.MambaManager.block_pool",
-    "vllm.v1.core.single_type_kv_cache_manager.MambaManager.mamba_cache_mode",
-    "vllm.v1.core.sched.output.KVConnectorBlockState.boundary_state_offloads",
-    "vllm.v1.worker.gpu_model_runner.GPUModelRunner.input_batch",
-    "vllm.v1.worker.gpu_model_runner.GPUModelRunner.query_start_loc",
-})  # fmt: skip
-_INSTANCE_TEST = "tests/vllm034/test_compat_instances.py"
-INSTANCE_TESTS = {
-    "0.32.0": (f"{_INSTANCE_TEST} (run on 0.32 by tests/engine/test_compat_seams.py)", _NOT_BUILT),
-    "0.34.0": (_INSTANCE_TEST, _NOT_BUILT),
-}
 WORKERS = ("vllm.v1.worker.gpu_worker:Worker", "vllm.v1.worker.cpu_worker:CPUWorker")
 PATCHES = tuple(sorted(p.stem for p in (REPO / "patches").glob("[a-z]*.py")))
-
-
-def _imports(tree: ast.Module, top_level: bool) -> set[str]:
-    nodes = tree.body if top_level else list(ast.walk(tree))
-    names: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return names
-
-
-def adapters() -> tuple[str, ...]:
-    """Every module under vllm_ext that imports vLLM: directly (anywhere in it), or at
-    module level through another vllm_ext module or patch that does."""
-    trees = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-        trees[name] = ast.parse(path.read_text())
-    for path in (REPO / "patches").glob("[a-z]*.py"):
-        trees[f"vllm_ext.patches.{path.stem}"] = ast.parse(path.read_text())
-    found = {n for n, t in trees.items() if "vllm" in {i.split(".")[0] for i in _imports(t, False)}}
-    changed = True
-    while changed:  # module-level imports of a module that imports vLLM
-        changed = False
-        for name, tree in trees.items():
-            if name not in found and _imports(tree, True) & found:
-                found.add(name)
-                changed = True
-    return tuple(sorted(n for n in found if not n.startswith("vllm_ext.patches.")))
 
 
 def _system(module: str) -> str:
@@ -123,7 +67,11 @@ def table_rows(version: str) -> list[dict]:
             rows.append(_row(seam.system, seam.name, "ok", detail))
         elif problem is None and seam.kind == "instance":
             test, not_built = INSTANCE_TESTS.get(version, (None, frozenset()))
-            if test is None or seam.name in not_built:
+            engine_test, in_engine = ENGINE_CHECKED.get(version, (None, frozenset()))
+            if seam.name in in_engine and seam.system == "flide":
+                detail = f"on a real instance: {engine_test}"
+                rows.append(_row(seam.system, seam.name, "ok", detail))
+            elif test is None or seam.name in not_built:
                 detail = "class only: no test builds this instance on this release"
                 rows.append(_row(seam.system, seam.name, "unverified", detail))
             else:

@@ -43,12 +43,12 @@ def summary(report: dict) -> dict[str, str]:
         notes = [
             f"{n} {what}"
             for n, what in (
-                (sum(r["status"] == "unverified" for r in rows), "instance entries unverified"),
-                (sum(r["status"] == "unchecked" for r in rows), "overrides' calls unchecked"),
+                (sum(r["status"] == "unverified" for r in rows), "instance entries"),
+                (sum(r["status"] == "unchecked" for r in rows), "overrides"),
             )
             if n
         ]
-        note = f" ({'; '.join(notes)})" if notes else ""
+        note = f" (unverified: {', '.join(notes)})" if notes else ""
         if not bad:
             out[system] = "all seams hold" + note
             continue
