@@ -10,9 +10,11 @@ from __future__ import annotations
 import sys
 
 from vllm_ext import __version__
+from vllm_ext.common import compat
 from vllm_ext.common.compat import installed_vllm_version, supported_vllm
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.systems import validate_serve_argv
+from vllm_ext.leap import runner_gate as leap_runner_gate
 
 logger = get_logger(__name__)
 
@@ -25,6 +27,10 @@ def register() -> None:
     serve`` here, with one line, before any model or engine work.
     """
     validate_serve_argv(sys.argv)
+    # LEAP's model-runner gate names the specific reason first (vLLM 0.34 has no V1 runner)
+    leap_runner_gate.refuse_serve(sys.argv)
+    # a system the command selects whose vLLM seams fail: one line, exit 2
+    compat.refuse_serve(sys.argv)
     if supported_vllm():
         logger.debug("vllm_ext %s loaded on vLLM %s", __version__, installed_vllm_version())
         # ETAPS has no entry point of its own: its sparse checkpoints load with the suite

@@ -48,6 +48,7 @@ from vllm_ext.acct.counters import COUNTER_SPECS
 from vllm_ext.acct.gate import check_offline_gate
 from vllm_ext.acct.importer import CheckSettings, ImportJob, ImportStep
 from vllm_ext.acct.llama import TorchLlama
+from vllm_ext.common import compat
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
@@ -73,6 +74,8 @@ class AcctConnector(PublishesCounters, KVConnectorBase_V1):
     COUNTER_SPECS = COUNTER_SPECS
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        # a seam this vLLM lacks would fail mid-serving: refuse now, in one line
+        compat.ensure("acct")
         super().__init__(vllm_config, role, kv_cache_config)
         self.counters = self.make_counters()
         self.config = from_additional_config(vllm_config.additional_config)

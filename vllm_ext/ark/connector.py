@@ -51,6 +51,7 @@ from vllm_ext.ark.fabric import Fabric, Transfer
 from vllm_ext.ark.paths import LearnedMap, load_fabric_file
 from vllm_ext.ark.selector import PortSelector
 from vllm_ext.ark.transport import KvReceiver, KvSender
+from vllm_ext.common import compat
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
@@ -94,6 +95,8 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
     COUNTER_SPECS = COUNTER_SPECS
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        # a seam this vLLM lacks would fail mid-serving: refuse now, in one line
+        compat.ensure("ark")
         super().__init__(vllm_config, role, kv_cache_config)
         self.counters = self.make_counters()
         additional = getattr(vllm_config, "additional_config", None) or {}

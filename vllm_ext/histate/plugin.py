@@ -19,6 +19,8 @@ from vllm_ext.common.systems import validate_serve_argv
 
 def register() -> None:
     validate_serve_argv(sys.argv)
+    # a system the command selects whose vLLM seams fail: one line, exit 2
+    compat.refuse_serve(sys.argv)
     if not compat.supported_vllm() or not compat.require("histate"):
         return
     from vllm_ext.histate.cache_policy import register as register_policy

@@ -40,6 +40,8 @@ def register() -> None:
     # VLLM_PLUGINS may select this plugin without vllm_ext's own: check the config here too
     validate_serve_argv(sys.argv)
     refuse_serve(sys.argv)
+    # a system the command selects whose vLLM seams fail: one line, exit 2
+    compat.refuse_serve(sys.argv)
     if not compat.supported_vllm() or not probe_seams_hold():
         return
     compat.register_connector_once("LeapConnector", "vllm_ext.leap.connector", "LeapConnector")

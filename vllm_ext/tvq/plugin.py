@@ -15,6 +15,8 @@ from vllm_ext.common.systems import validate_serve_argv
 
 def register() -> None:
     validate_serve_argv(sys.argv)
+    # a system the command selects whose vLLM seams fail: one line, exit 2
+    compat.refuse_serve(sys.argv)
     if not compat.supported_vllm() or not compat.require("tvq"):
         return
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
