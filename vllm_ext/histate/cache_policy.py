@@ -1,4 +1,4 @@
-"""HiState's recompute-aware eviction as a vLLM ``CachePolicy`` (vLLM 0.32's native offloading).
+"""HiState's recompute-aware eviction as a vLLM ``CachePolicy`` (vLLM 0.32, 0.33, 0.34).
 
 Extends ``vllm.v1.kv_offload.cpu.policies.base.CachePolicy``, so a user of
 vLLM's own ``OffloadingConnector`` (CUDA; ``--kv-offloading-size``) can pick
@@ -13,21 +13,36 @@ GreedyDual on loss): the lowest ``clock + w * recompute_seconds`` goes first.
 vLLM's chunks are equal-sized, so the loss per byte is the loss per chunk. A
 chunk's loss is the prefill a request loses if it leaves: its own tokens and
 every deeper token of the request it was seen in (a prefix hit stops at the
-first missing chunk), priced by the chunk's end position (the attention term
-grows with it), from the positions vLLM records in ``ReqContext``. What vLLM
-keeps (the manager: ref counts, pinning, chunk pool, events, one CPU tier) is
-unchanged; only the victim choice is HiState's. The one eviction queue over KV
+first missing chunk), priced as a prefill from the chunk's start to the
+request's depth (the attention term grows with the context); a chunk several
+requests share is worth what the deepest of them loses. Where a chunk starts
+and ends comes from the positions vLLM records in ``ReqContext``; how deep the
+request reaches is the deepest of those positions and, on vLLM 0.34, the
+request's own token counts (``num_prompt_tokens``, ``num_computed_tokens``), so
+the first chunks of a long prompt are priced by the whole prompt from their
+first store on. What vLLM keeps (the manager: ref counts, pinning, chunk pool,
+events, one CPU tier) is unchanged; only the victim choice is HiState's. The one eviction queue over KV
 *and* snapshots, SSD spill and the checksummed store belong to HiState's own
 connector; vLLM's tiering layer is not driven by this class.
+
+The manager's calls per vLLM release (all served by this one class):
+
+- 0.32: ``insert(key, chunk)``; ``touch`` abstract; ``on_store_miss`` and
+  ``on_request_finished`` (both default to ``touch``).
+- 0.33: ``insert(key, chunk, req_context)``; ``on_request_access`` added.
+- 0.34: ``touch`` removed; ``on_request_finished`` abstract.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
-from vllm.v1.kv_offload.base import OffloadKey, ReqContext
+from vllm.v1.kv_offload.base import OffloadKey, ReqContext, get_offload_group_idx
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus
 from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
@@ -45,6 +60,46 @@ def register() -> None:
         pass  # already registered in this process
 
 
+def request_depth(req_context: ReqContext) -> int:
+    """Tokens the request reaches by vLLM's own counts (0.34's ``ReqContext``), else 0.
+
+    The prompt counts from the first store on (a chunked prefill will compute
+    it), computed tokens once decoding passed it; vLLM 0.32/0.33 have no counts.
+    """
+    try:
+        counts = (
+            getattr(req_context, "num_prompt_tokens", None),
+            getattr(req_context, "num_computed_tokens", None),
+        )
+    except LookupError:
+        # 0.34's live view of a request its scheduler no longer tracks: positions only
+        return 0
+    return max((count for count in counts if count is not None), default=0)
+
+
+@dataclass(slots=True)
+class _RequestSpans:
+    """End positions of the chunks one request showed this policy, per KV-cache group."""
+
+    owner: object
+    generation: int
+    ends: dict[int, list[int]] = field(default_factory=dict)  # group -> sorted, unique
+    deepest: int = 0
+
+    def add(self, key: OffloadKey, position: int) -> None:
+        ends = self.ends.setdefault(get_offload_group_idx(key), [])
+        at = bisect.bisect_left(ends, position)
+        if at == len(ends) or ends[at] != position:
+            ends.insert(at, position)
+        self.deepest = max(self.deepest, position)
+
+    def start(self, key: OffloadKey, position: int) -> int:
+        """Where the chunk ending at ``position`` starts: the previous end of its group."""
+        ends = self.ends.get(get_offload_group_idx(key), [])
+        at = bisect.bisect_left(ends, position)
+        return ends[at - 1] if at else 0
+
+
 class HiStateCachePolicy(CachePolicy):
     """GreedyDual on recompute loss over vLLM's CPU chunks (settings: ``VLLMEXT_HISTATE_*``)."""
 
@@ -58,14 +113,22 @@ class HiStateCachePolicy(CachePolicy):
         # (score, seq, stamp, key); stale entries (older stamp, not evictable) are skipped
         self._heap: list[tuple[float, int, int, OffloadKey]] = []
         self._seq = itertools.count()
-        # (end position, recompute tokens) learnt before a key's chunk exists
-        self._seen: dict[OffloadKey, tuple[int, int]] = {}
+        # vLLM 0.32's insert() has no request: (end position, recompute tokens) from
+        # on_store_miss; bounded, since a refused store never inserts its misses
+        self._seen: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
+        # bumped by clear(): spans a request recorded before a reset are dropped
+        self._generation = 0
 
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)
 
-    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
-        position, tokens = self._seen.pop(key, (0, 0))
+    def insert(
+        self, key: OffloadKey, chunk: ChunkStatus, req_context: ReqContext | None = None
+    ) -> None:
+        # vLLM 0.33+ passes the storing request; 0.32 calls insert(key, chunk)
+        seen = self._seen.pop(key, None)
+        estimate = self._estimate(key, req_context) if req_context is not None else seen
+        position, tokens = estimate or (0, 0)
         self.chunks[key] = chunk
         self._items[key] = Item(key, Kind.KV, int(MIB), 0.0, tokens, position)
         self._rescore(key)
@@ -78,31 +141,36 @@ class HiStateCachePolicy(CachePolicy):
         self._evictable.discard(key)
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
-        # called before insert(): remember where each new chunk ends
+        # called before insert(): on 0.32 the only moment the storing request is known
+        keys = self._observe(keys, req_context)
         for key in keys:
-            position = req_context.get_offload_key_position(key)
-            if position is not None:
-                self._seen[key] = (position, self._seen.get(key, (0, position))[1])
+            estimate = self._estimate(key, req_context)
+            if estimate is not None:
+                self._seen[key] = estimate
+                self._seen.move_to_end(key)
+        while len(self._seen) > 2 * self.cache_capacity + 64:
+            self._seen.popitem(last=False)
+
+    def on_request_access(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # vLLM 0.33+: a request's first look at keys (loads and stores, resident or not);
+        # a resident chunk's loss is restored now (GreedyDual's hit), not at the finish
+        for key in self._observe(keys, req_context):
+            if key in self._items:
+                self._learn(key, req_context)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
+        # abstract on vLLM 0.32/0.33 (their tiering layer calls it); gone in 0.34
         self.on_request_finished((list(keys),), set(), set(), req_context)
 
     def on_request_finished(
         self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
         reused_keys: set[OffloadKey], req_context: ReqContext,
     ) -> None:  # fmt: skip
-        for keys in key_groups:
-            ends = [(req_context.get_offload_key_position(k), k) for k in keys]
-            known = sorted((p, k) for p, k in ends if p is not None)
-            deepest = known[-1][0] if known else 0
-            previous = 0
-            for position, key in known:
-                # the chunk's own tokens and everything deeper in this request
-                self._learn(key, position, deepest - previous)
-                previous = position
-            for position, key in ends:
-                if position is None and key in self._items:
-                    self._rescore(key)  # an access with no position: recency only
+        # every key first, so each chunk is priced against the request's deepest one
+        keys = self._observe([key for group in key_groups for key in group], req_context)
+        for key in keys:
+            if key in self._items:
+                self._learn(key, req_context)
 
     def evict(
         self, n: int, protected: set[OffloadKey]
@@ -143,6 +211,7 @@ class HiStateCachePolicy(CachePolicy):
             table.clear()
         self._evictable.clear()
         self._heap.clear()
+        self._generation += 1
 
     def mark_evictable(self, key: OffloadKey) -> None:
         self._evictable.add(key)
@@ -155,14 +224,46 @@ class HiStateCachePolicy(CachePolicy):
         """The key's current eviction score (lowest goes first)."""
         return self._items[key].score
 
-    def _learn(self, key: OffloadKey, position: int, tokens: int) -> None:
-        item = self._items.get(key)
-        if item is None:
-            self._seen[key] = (position, tokens)
-            return
-        item.position = position
-        item.recompute_tokens = max(0, tokens)
-        self._rescore(key)
+    def _spans(self, req_context: ReqContext) -> _RequestSpans:
+        spans = req_context.get_state(_RequestSpans)
+        if spans is None or spans.owner is not self or spans.generation != self._generation:
+            spans = _RequestSpans(self, self._generation)
+            req_context.set_state(spans)
+        return spans
+
+    def _observe(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> list[OffloadKey]:
+        """Record the keys' end positions in the request's spans; the keys, as a list."""
+        keys = list(keys)
+        spans = self._spans(req_context)
+        for key in keys:
+            position = req_context.get_offload_key_position(key)
+            if position is not None:
+                spans.add(key, position)
+        return keys
+
+    def _estimate(self, key: OffloadKey, req_context: ReqContext) -> tuple[int, int] | None:
+        """(where the recompute ends, tokens a hit loses without the chunk), or None.
+
+        The loss is the chunk's own tokens and everything deeper in the request:
+        tokens from the chunk's start to the request's depth, priced as a prefill
+        ending at that depth (``Item.position``), so deep context costs more.
+        """
+        position = req_context.get_offload_key_position(key)
+        if position is None:
+            return None
+        spans = self._spans(req_context)
+        spans.add(key, position)
+        depth = max(spans.deepest, request_depth(req_context))
+        return depth, depth - spans.start(key, position)
+
+    def _learn(self, key: OffloadKey, req_context: ReqContext) -> None:
+        estimate = self._estimate(key, req_context)
+        item = self._items[key]
+        # a chunk several requests share is worth what the deepest of them loses; a
+        # request seen part-way (a hit before its stores) never lowers that
+        if estimate is not None and estimate[1] > item.recompute_tokens:
+            item.position, item.recompute_tokens = estimate
+        self._rescore(key)  # with no deeper estimate: a recency refresh
 
     def _rescore(self, key: OffloadKey) -> None:
         item = self._items[key]
