@@ -133,3 +133,16 @@ def test_0_32s_two_argument_insert_prices_chunks_from_the_store_miss():
     assert [items[k].recompute_tokens for k in keys] == [64, 48, 32, 16]
     assert {items[k].position for k in keys} == {64}
     assert manager._policy._seen == {}
+
+
+def test_the_slot_checks_see_a_leak_and_a_double_free():
+    register()
+    manager = CPUOffloadingManager(4, cache_policy="histate")
+    ctx, keys = _request("r", "a", 3)
+    _store(manager, ctx, keys)
+    assert manager_problems(manager) == []
+    manager._free_list.append(manager._policy.chunks[keys[0]].chunk_id)  # freed, still held
+    assert any("both free and held" in p for p in manager_problems(manager))
+    manager._free_list.clear()
+    del manager._policy.chunks[keys[1]]  # dropped, never freed
+    assert any("leaked" in p for p in manager_problems(manager))

@@ -21,9 +21,10 @@ request reaches is the deepest of those positions and, on vLLM 0.34, the
 request's own token counts (``num_prompt_tokens``, ``num_computed_tokens``), so
 the first chunks of a long prompt are priced by the whole prompt from their
 first store on. What vLLM keeps (the manager: ref counts, pinning, chunk pool,
-events, one CPU tier) is unchanged; only the victim choice is HiState's. The one eviction queue over KV
-*and* snapshots, SSD spill and the checksummed store belong to HiState's own
-connector; vLLM's tiering layer is not driven by this class.
+events, one CPU tier) is unchanged; only the victim choice is HiState's. The
+one eviction queue over KV *and* snapshots, SSD spill and the checksummed store
+belong to HiState's own connector; vLLM's tiering layer is not driven by this
+class.
 
 The manager's calls per vLLM release (all served by this one class):
 
@@ -78,20 +79,40 @@ def request_depth(req_context: ReqContext) -> int:
 
 
 @dataclass(slots=True)
+class _Depth:
+    """How deep one request reaches (tokens); its chunks' losses grow with it."""
+
+    tokens: int = 0
+
+
+@dataclass(slots=True)
 class _RequestSpans:
-    """End positions of the chunks one request showed this policy, per KV-cache group."""
+    """Where the chunks one request showed this policy end, per KV-cache group.
+
+    Positions are vLLM's (``ReqContext.get_offload_key_position``), looked up
+    once per key; a key vLLM gave no position gets its ordinal in the request's
+    group (vLLM hands keys over head to tail), so tails still rank below heads.
+    """
 
     owner: object
     generation: int
+    depth: _Depth = field(default_factory=_Depth)
+    positions: dict[OffloadKey, int] = field(default_factory=dict)
+    ordinals: dict[OffloadKey, int] = field(default_factory=dict)
     ends: dict[int, list[int]] = field(default_factory=dict)  # group -> sorted, unique
-    deepest: int = 0
 
-    def add(self, key: OffloadKey, position: int) -> None:
-        ends = self.ends.setdefault(get_offload_group_idx(key), [])
-        at = bisect.bisect_left(ends, position)
-        if at == len(ends) or ends[at] != position:
-            ends.insert(at, position)
-        self.deepest = max(self.deepest, position)
+    def observe(self, key: OffloadKey, req_context: ReqContext) -> int:
+        """The key's end position, recorded (and the request's depth raised to it)."""
+        position = self.positions.get(key)
+        if position is None:
+            position = req_context.get_offload_key_position(key)
+            if position is not None:
+                self.positions[key] = position
+            else:
+                group = get_offload_group_idx(key)
+                position = self.ordinals.setdefault(key, len(self.ends.get(group, ())) + 1)
+            self._add(get_offload_group_idx(key), position)
+        return position
 
     def start(self, key: OffloadKey, position: int) -> int:
         """Where the chunk ending at ``position`` starts: the previous end of its group."""
@@ -99,9 +120,32 @@ class _RequestSpans:
         at = bisect.bisect_left(ends, position)
         return ends[at - 1] if at else 0
 
+    def _add(self, group: int, position: int) -> None:
+        ends = self.ends.setdefault(group, [])
+        at = bisect.bisect_left(ends, position)
+        if at == len(ends) or ends[at] != position:
+            ends.insert(at, position)
+        self.depth.tokens = max(self.depth.tokens, position)
+
+
+@dataclass(slots=True)
+class _Estimate:
+    """What a chunk loses if it leaves, as one request sees it (see ``_estimate``)."""
+
+    end: int  # where the recompute ends: the request's depth
+    tokens: int  # from the chunk's start to ``end``
+    depth: _Depth  # the request's live depth: ``end`` follows it
+
 
 class HiStateCachePolicy(CachePolicy):
-    """GreedyDual on recompute loss over vLLM's CPU chunks (settings: ``VLLMEXT_HISTATE_*``)."""
+    """GreedyDual on recompute loss over vLLM's CPU chunks (settings: ``VLLMEXT_HISTATE_*``).
+
+    A chunk is priced by the request that makes it dearest (:meth:`_learn`); while
+    that request goes deeper (more stores, a longer prompt or decode), the chunk's
+    loss grows with it. Losses only grow between accesses, so :meth:`evict`
+    re-prices a stale heap entry when it surfaces and pushes it back (exact: the
+    true minimum is up to date when it is popped).
+    """
 
     def __init__(self, cache_capacity: int):
         super().__init__(cache_capacity)
@@ -109,13 +153,18 @@ class HiStateCachePolicy(CachePolicy):
         self.clock = 0.0
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
         self._items: dict[OffloadKey, Item] = {}
+        # the live depth of the request each item is priced by
+        self._depths: dict[OffloadKey, _Depth] = {}
+        # logical access order: ties in score go oldest access first, however late a
+        # transfer completes (mark_evictable re-pushes with the same order)
+        self._order: dict[OffloadKey, int] = {}
         self._evictable: set[OffloadKey] = set()
-        # (score, seq, stamp, key); stale entries (older stamp, not evictable) are skipped
+        # (score, order, stamp, key); stale entries (older stamp, not evictable) are skipped
         self._heap: list[tuple[float, int, int, OffloadKey]] = []
         self._seq = itertools.count()
-        # vLLM 0.32's insert() has no request: (end position, recompute tokens) from
-        # on_store_miss; bounded, since a refused store never inserts its misses
-        self._seen: OrderedDict[OffloadKey, tuple[int, int]] = OrderedDict()
+        # vLLM 0.32's insert() has no request: estimates from on_store_miss; bounded,
+        # since a refused store never inserts its misses
+        self._seen: OrderedDict[OffloadKey, _Estimate] = OrderedDict()
         # bumped by clear(): spans a request recorded before a reset are dropped
         self._generation = 0
 
@@ -128,26 +177,24 @@ class HiStateCachePolicy(CachePolicy):
         # vLLM 0.33+ passes the storing request; 0.32 calls insert(key, chunk)
         seen = self._seen.pop(key, None)
         estimate = self._estimate(key, req_context) if req_context is not None else seen
-        position, tokens = estimate or (0, 0)
         self.chunks[key] = chunk
-        self._items[key] = Item(key, Kind.KV, int(MIB), 0.0, tokens, position)
+        self._items[key] = Item(key, Kind.KV, int(MIB), self.clock)
+        if estimate is not None:
+            self._take(key, estimate)
         self._rescore(key)
         if chunk.ref_cnt == 0:
             self.mark_evictable(key)
 
     def remove(self, key: OffloadKey) -> None:
         del self.chunks[key]
-        self._items.pop(key, None)
-        self._evictable.discard(key)
+        self._forget(key)
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         # called before insert(): on 0.32 the only moment the storing request is known
         keys = self._observe(keys, req_context)
         for key in keys:
-            estimate = self._estimate(key, req_context)
-            if estimate is not None:
-                self._seen[key] = estimate
-                self._seen.move_to_end(key)
+            self._seen[key] = self._estimate(key, req_context)
+            self._seen.move_to_end(key)
         while len(self._seen) > 2 * self.cache_capacity + 64:
             self._seen.popitem(last=False)
 
@@ -186,6 +233,8 @@ class HiStateCachePolicy(CachePolicy):
             item = self._items.get(key)
             if item is None or item.stamp != entry[2] or key not in self._evictable:
                 continue  # stale; mark_evictable pushes a fresh entry
+            if self._catch_up(key):
+                continue  # its request went deeper: pushed again at its higher score
             if key in protected or key in picked:
                 skipped.append(entry)
                 continue
@@ -201,13 +250,12 @@ class HiStateCachePolicy(CachePolicy):
         for score, _, _, key in chosen:
             self.clock = max(self.clock, score)
             evicted.append((key, self.chunks.pop(key)))
-            del self._items[key]
-            self._evictable.discard(key)
+            self._forget(key)
         return evicted
 
     def clear(self) -> None:
         self.clock = 0.0
-        for table in (self.chunks, self._items, self._seen):
+        for table in (self.chunks, self._items, self._seen, self._depths, self._order):
             table.clear()
         self._evictable.clear()
         self._heap.clear()
@@ -222,6 +270,7 @@ class HiStateCachePolicy(CachePolicy):
 
     def score(self, key: OffloadKey) -> float:
         """The key's current eviction score (lowest goes first)."""
+        self._catch_up(key)
         return self._items[key].score
 
     def _spans(self, req_context: ReqContext) -> _RequestSpans:
@@ -236,47 +285,74 @@ class HiStateCachePolicy(CachePolicy):
         keys = list(keys)
         spans = self._spans(req_context)
         for key in keys:
-            position = req_context.get_offload_key_position(key)
-            if position is not None:
-                spans.add(key, position)
+            spans.observe(key, req_context)
+        spans.depth.tokens = max(spans.depth.tokens, request_depth(req_context))
         return keys
 
-    def _estimate(self, key: OffloadKey, req_context: ReqContext) -> tuple[int, int] | None:
-        """(where the recompute ends, tokens a hit loses without the chunk), or None.
+    def _estimate(self, key: OffloadKey, req_context: ReqContext) -> _Estimate:
+        """What ``key`` loses as this request sees it.
 
         The loss is the chunk's own tokens and everything deeper in the request:
         tokens from the chunk's start to the request's depth, priced as a prefill
         ending at that depth (``Item.position``), so deep context costs more.
         """
-        position = req_context.get_offload_key_position(key)
-        if position is None:
-            return None
         spans = self._spans(req_context)
-        spans.add(key, position)
-        depth = max(spans.deepest, request_depth(req_context))
-        return depth, depth - spans.start(key, position)
+        position = spans.observe(key, req_context)
+        depth = spans.depth
+        depth.tokens = max(depth.tokens, request_depth(req_context))
+        return _Estimate(depth.tokens, depth.tokens - spans.start(key, position), depth)
 
     def _learn(self, key: OffloadKey, req_context: ReqContext) -> None:
+        self._catch_up(key, push=False)
         estimate = self._estimate(key, req_context)
+        # a chunk several requests share is worth what the deepest of them loses, and
+        # another request seen part-way (a hit before its stores) never lowers that;
+        # the pricing request's own later view (its chunk's start now known) replaces
+        # its earlier one
+        same_request = self._depths.get(key) is estimate.depth
+        if same_request or estimate.tokens > self._items[key].recompute_tokens:
+            self._take(key, estimate)
+        self._rescore(key)
+
+    def _take(self, key: OffloadKey, estimate: _Estimate) -> None:
         item = self._items[key]
-        # a chunk several requests share is worth what the deepest of them loses; a
-        # request seen part-way (a hit before its stores) never lowers that
-        if estimate is not None and estimate[1] > item.recompute_tokens:
-            item.position, item.recompute_tokens = estimate
-        self._rescore(key)  # with no deeper estimate: a recency refresh
+        item.position, item.recompute_tokens = estimate.end, estimate.tokens
+        self._depths[key] = estimate.depth
+
+    def _catch_up(self, key: OffloadKey, push: bool = True) -> bool:
+        """Follow the pricing request's depth; True if the loss grew (and, with
+        ``push``, the item went back on the heap at its new score)."""
+        depth = self._depths.get(key)
+        item = self._items[key]
+        if depth is None or depth.tokens <= item.position:
+            return False
+        item.recompute_tokens += depth.tokens - item.position
+        item.position = depth.tokens
+        item.score = self._policy.score(item, item.last_access, spills=False)
+        if push:
+            self._push(key)
+        return True
 
     def _rescore(self, key: OffloadKey) -> None:
+        """An access: GreedyDual's ``H = clock + loss``, and the newest access order."""
         item = self._items[key]
         item.last_access = self.clock
         item.score = self._policy.score(item, self.clock, spills=False)
+        self._order[key] = next(self._seq)
         self._push(key)
 
     def _push(self, key: OffloadKey) -> None:
         item = self._items[key]
         item.stamp += 1
         if key in self._evictable:
-            heapq.heappush(self._heap, (item.score, next(self._seq), item.stamp, key))
+            heapq.heappush(self._heap, (item.score, self._order[key], item.stamp, key))
         if len(self._heap) > 2 * len(self._items) + 64:
             live = ((self._items[k], k) for k in self._evictable)
-            self._heap = [(i.score, next(self._seq), i.stamp, k) for i, k in live]
+            self._heap = [(i.score, self._order[k], i.stamp, k) for i, k in live]
             heapq.heapify(self._heap)
+
+    def _forget(self, key: OffloadKey) -> None:
+        self._items.pop(key, None)
+        self._depths.pop(key, None)
+        self._order.pop(key, None)
+        self._evictable.discard(key)
