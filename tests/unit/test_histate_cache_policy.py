@@ -17,6 +17,7 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
 
+from tests.histate_manager_checks import manager_problems
 from vllm_ext.histate.cache_policy import HiStateCachePolicy, register
 
 CHUNK = 16  # tokens per chunk
@@ -110,8 +111,38 @@ def test_random_workloads_keep_the_managers_promises(seed):
             loading[done] -= 1
             if not loading[done]:
                 del loading[done]
+        if rng.random() < 0.2:
+            manager.touch(keys, ctx)  # 0.32's manager still forwards touch() to the policy
         manager.on_request_finished(ctx)
+        assert manager_problems(manager) == []  # no slot lost, none freed twice
+        assert len(policy._seen) <= 2 * capacity + 64  # refused stores' misses are bounded
         if rng.random() < 0.02 and not loading:
             manager.reset_cache()
     assert policy.evict(0, set()) == []
     assert policy.evict(capacity + 1, set()) is None  # more than it holds: nothing changes
+
+
+def test_0_32s_two_argument_insert_prices_chunks_from_the_store_miss():
+    # vLLM 0.32's manager calls insert(key, chunk): the estimate comes from on_store_miss
+    register()
+    manager = CPUOffloadingManager(8, cache_policy="histate")
+    ctx, keys = _request("r", "a", 4)
+    _store(manager, ctx, keys)
+    items = manager._policy._items
+    # chunk i: its own tokens and the deeper ones, a prefill ending at the request's depth
+    assert [items[k].recompute_tokens for k in keys] == [64, 48, 32, 16]
+    assert {items[k].position for k in keys} == {64}
+    assert manager._policy._seen == {}
+
+
+def test_the_slot_checks_see_a_leak_and_a_double_free():
+    register()
+    manager = CPUOffloadingManager(4, cache_policy="histate")
+    ctx, keys = _request("r", "a", 3)
+    _store(manager, ctx, keys)
+    assert manager_problems(manager) == []
+    manager._free_list.append(manager._policy.chunks[keys[0]].chunk_id)  # freed, still held
+    assert any("both free and held" in p for p in manager_problems(manager))
+    manager._free_list.clear()
+    del manager._policy.chunks[keys[1]]  # dropped, never freed
+    assert any("leaked" in p for p in manager_problems(manager))
