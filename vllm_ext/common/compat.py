@@ -141,9 +141,14 @@ def locate(system: str, qualname: str):
 def seams_of(system: str, runner: str | None = None) -> tuple[Seam, ...]:
     """The entries of ``system``; with ``runner`` (``"v1"``/``"v2"``) only those of that
     runner plus the runner-independent ones."""
+    version = installed_vllm_version()
+    series = parse_series(version) if version else None
+    # without a runner named, every runner this vLLM ships (V1 is gone from 0.34)
+    runners = ("", runner) if runner is not None else ("", "v2", "v1" if has_v1_runner() else "")
     return tuple(
-        s for s in SEAMS if s.system == system and (runner is None or s.runner in ("", runner))
-    )
+        s for s in SEAMS
+        if s.system == system and s.runner in runners and s.applies_to(series)
+    )  # fmt: skip
 
 
 # the V1 model runner's module, as a file of the vllm package; vLLM 0.34 removed it

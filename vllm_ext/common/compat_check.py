@@ -56,7 +56,10 @@ def _short(exc: BaseException) -> str:
 def table_rows(version: str) -> list[dict]:
     v1 = compat.has_v1_runner()
     rows = []
+    series = compat.parse_series(version)
     for seam in compat.SEAMS:
+        if not seam.applies_to(series):
+            continue  # vLLM added or dropped it, and our code follows (Seam.releases)
         if seam.runner == "v1" and not v1:
             rows.append(_row(seam.system, seam.name, "missing", compat_doc.V1_GONE))
             continue

@@ -36,6 +36,22 @@ class Seam:
     moved_to: tuple[str, ...] = ()  # modules a later vLLM keeps it in (see compat.locate)
     # kind "call": our override the call reaches, "vllm_ext.<module>:<Class>.<method>"
     ours: str = ""
+    # the vLLM series the entry holds on, e.g. "<0.34" (vLLM dropped it) or ">=0.33"
+    # (vLLM added it); "" on every release. Our code branches on the same boundary.
+    releases: str = ""
+
+    def applies_to(self, series: tuple[int, int] | None) -> bool:
+        """Whether the entry is checked on vLLM series ``series`` (``(0, 34)``)."""
+        if not self.releases or series is None:
+            return True
+        for bound in self.releases.split(","):
+            op = bound[:2] if bound[:2] in (">=", "<=") else bound[:1]
+            major, minor = (int(x) for x in bound[len(op):].split("."))
+            held = {"<": series < (major, minor), ">=": series >= (major, minor),
+                    "<=": series <= (major, minor), ">": series > (major, minor)}[op]  # fmt: skip
+            if not held:
+                return False
+        return True
 
     @property
     def name(self) -> str:
