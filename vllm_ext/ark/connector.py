@@ -28,6 +28,18 @@ worker: frames arrive on the :class:`~vllm_ext.ark.transport.KvReceiver`
 frame and the load order are there. A frame that never comes within
 ``load_timeout_s`` or does not fit this cache is a load error: vLLM
 recomputes or fails the request per ``kv_load_failure_policy``.
+
+vLLM 0.34 (checked against its code): blocks are copied with torch ops
+(``index_select`` to host, ``index_copy_`` back), nothing is registered with
+an RDMA engine, so ``kv_cache_access()`` keeps the default ``IN_PROCESS``; the
+worker half may be created after warm-up and opens its sender / listener in
+``register_kv_caches``, sized from its own ``kv_cache_config`` (the committed
+block count); ``may_load_async`` is true only on the decode side, for
+``do_remote_prefill``; ``requires_kv_delivery`` keeps the default (the prefill
+side hands KV off: a request preempted with its hand-off pending is
+recomputed); ``unregister_kv_caches`` / ``restore_kv_caches`` keep their
+no-op defaults (only torch views are held). The seams are checked in
+``__init__`` (:func:`~vllm_ext.common.connector.refuse_unless_seams_hold`).
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ from vllm_ext.ark.paths import LearnedMap, load_fabric_file
 from vllm_ext.ark.selector import PortSelector
 from vllm_ext.ark.transport import KvReceiver, KvSender
 from vllm_ext.common.config import ConfigError
+from vllm_ext.common.connector import refuse_unless_seams_hold
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.prom import PublishesCounters
 
@@ -94,6 +107,7 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
     COUNTER_SPECS = COUNTER_SPECS
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        refuse_unless_seams_hold(SYSTEM, "ArkConnector")
         super().__init__(vllm_config, role, kv_cache_config)
         self.counters = self.make_counters()
         additional = getattr(vllm_config, "additional_config", None) or {}
@@ -164,6 +178,11 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
             return 0, False
         count = request.num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
+
+    def may_load_async(self, request) -> bool:
+        # vLLM >= 0.34 asks before queueing a request: only the decode side ever loads
+        params = request.kv_transfer_params
+        return not self.producer and bool(params and params.get("do_remote_prefill"))
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         params = request.kv_transfer_params

@@ -16,6 +16,13 @@ direction (:class:`vllm_ext.ark.connplan.ListenerPlans`); otherwise each peer ge
 a slice of the candidate range. The handshake's own ZMQ connection keeps an
 ephemeral port.
 
+vLLM 0.34: ``kv_cache_access()`` is inherited from vLLM's NIXL connector
+(``REGISTERS | EXPORTS_FABRIC``: UCX registers the device KV cache and peers on
+a host map it; ``IN_PROCESS`` with ``kv_buffer_device="cpu"``, where NIXL
+registers host staging buffers), and so are ``unregister_kv_caches`` /
+``restore_kv_caches`` and ``supports_sleep_mode``. ARK's seams are checked in
+``__init__``.
+
 Run the decode instance with ``LD_PRELOAD=$(python -c 'from vllm_ext.ark.shim import
 build; print(build())')``; without it nothing is applied and a warning says so.
 """
@@ -32,6 +39,7 @@ from vllm_ext.ark.connplan import ListenerPlans
 from vllm_ext.ark.paths import load_fabric_file
 from vllm_ext.ark.shim import NIXL_THREADS, PortHook, ShimPorts
 from vllm_ext.common.config import ConfigError
+from vllm_ext.common.connector import refuse_unless_seams_hold
 from vllm_ext.common.log import get_logger
 
 if TYPE_CHECKING:
@@ -55,6 +63,7 @@ class ArkNixlConnector(NixlPullConnector):
     """``NixlPullConnector`` whose worker registers ARK's ports before each new handshake."""
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any):
+        refuse_unless_seams_hold(SYSTEM, "ArkNixlConnector")
         super().__init__(vllm_config, role, kv_cache_config)
         if role == KVConnectorRole.WORKER and self.connector_worker is not None:
             additional = getattr(vllm_config, "additional_config", None) or {}

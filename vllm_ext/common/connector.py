@@ -1,9 +1,11 @@
-"""Base for KV connectors that move no KV (vLLM 0.32 ``KVConnectorBase_V1`` contract).
+"""Shared KV-connector parts (vLLM ``KVConnectorBase_V1`` contract, 0.32 and 0.34).
 
-Some systems use the connector slot only as a channel — worker → scheduler
-metadata, finish hooks, stats — and load or save nothing. This mixin answers
-the KV-transfer half of the contract with "nothing to do" so such connectors
-implement only what they use. Put it before ``KVConnectorBase_V1`` in the bases.
+:func:`refuse_unless_seams_hold` is the seam gate of connectors loaded by module
+path. :class:`NoKVTransfer` is for systems that use the connector slot only as a
+channel — worker → scheduler metadata, finish hooks, stats — and load or save
+nothing: it answers the KV-transfer half of the contract with "nothing to do" so
+such connectors implement only what they use. Put it before
+``KVConnectorBase_V1`` in the bases.
 """
 
 from __future__ import annotations
@@ -18,6 +20,17 @@ class NoKVTransfer:
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         pass
+
+    def may_load_async(self, request):
+        # vLLM >= 0.34 asks before queueing a request; its default says yes for P/D
+        # remote-prefill requests, which would hold back other connectors' async loads
+        return False
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # nothing is handed off, so vLLM need not drop a preempted request's in-flight
+        # output and recompute it (its default is true for every producer role)
+        return False
 
     def request_finished_all_groups(self, request, block_ids):
         # hybrid (SupportsHMA) finish: same as the single-group hook
@@ -35,3 +48,20 @@ class NoKVTransfer:
 
     def wait_for_save(self):
         pass
+
+
+def refuse_unless_seams_hold(system: str, connector: str) -> None:
+    """Raise :class:`~vllm_ext.common.compat.VllmCompatError` naming each seam of ``system``
+    this vLLM lacks (checked once per process, each problem logged once).
+
+    Connectors loaded by ``kv_connector_module_path`` have no plugin entry point
+    that could leave them unregistered: they call this first thing in ``__init__``,
+    so a seam vLLM removed stops start-up with one line, not a ``TypeError``
+    mid-serving.
+    """
+    from vllm_ext.common import compat
+
+    if not compat.require(system):
+        raise compat.VllmCompatError(
+            f"{connector} cannot run on this vLLM: " + "; ".join(compat.problems(system))
+        )
