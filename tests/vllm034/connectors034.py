@@ -87,12 +87,15 @@ def layer_names(config) -> list[str]:
     return [f"model.layers.{i}.self_attn.attn" for i in range(layers)]
 
 
-def committed_cache(config, num_blocks: int, granule: int = 1 << 16):
+def committed_cache(config, num_blocks: int, granule: int = 1 << 16,
+                    kernel_block_size: int | None = None):
     """``(kv_cache_config, kv_caches)`` as a worker connector sees them after 0.34's warm-up.
 
     Each layer's region is padded to ``granule`` (``pad_kv_cache_segments``) and
     the views span ``num_blocks`` committed blocks (``create_kv_cache_views``),
-    which is the block count in the config the connector is created with.
+    which is the block count in the config the connector is created with; with
+    ``kernel_block_size`` each block is split into kernel blocks along the block
+    dimension, as 0.34 does where the attention kernel needs smaller pages.
     """
     spec, names = attention_spec(config), layer_names(config)
     page = spec.page_size_bytes
@@ -103,11 +106,13 @@ def committed_cache(config, num_blocks: int, granule: int = 1 << 16):
     kv_cache_config = pad_kv_cache_segments(kv_cache_config, LAYOUT, granule)
     (padded,) = kv_cache_config.kv_cache_tensors
     raw = torch.zeros(padded.size, dtype=torch.int8)
-    views = create_kv_cache_views(raw, spec, num_blocks, LAYOUT, padded)
+    views = create_kv_cache_views(raw, spec, num_blocks, LAYOUT, padded,
+                                  kernel_block_size=kernel_block_size)  # fmt: skip
     return kv_cache_config, dict(zip(names, views, strict=True))
 
 
-def worker_after_warm_up(config, num_blocks: int, capacity: int):
+def worker_after_warm_up(config, num_blocks: int, capacity: int,
+                         kernel_block_size: int | None = None):
     """A worker connector created as 0.34's ``extend_kv_cache`` creates it, registered.
 
     At that moment ``cache_config.num_gpu_blocks`` still holds the reserved
@@ -117,7 +122,8 @@ def worker_after_warm_up(config, num_blocks: int, capacity: int):
     config = copy.copy(config)
     config.cache_config = copy.copy(config.cache_config)
     config.cache_config.num_gpu_blocks = capacity
-    kv_cache_config, kv_caches = committed_cache(config, num_blocks)
+    kv_cache_config, kv_caches = committed_cache(config, num_blocks,
+                                                 kernel_block_size=kernel_block_size)
     connector = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER,
                                                     kv_cache_config)  # fmt: skip
     connector.register_kv_caches(kv_caches)

@@ -241,11 +241,18 @@ def test_ark_decode_loads_asynchronously_through_a_requests_life(lost, scheduler
     assert_scheduler_empty(scheduler)
 
 
-def test_ark_workers_move_kv_on_loopback_when_created_after_warm_up():
+@pytest.mark.parametrize("kernel_block_size", [None, BLOCK // 4], ids=["block", "kernel-split"])
+def test_ark_workers_move_kv_on_loopback_when_created_after_warm_up(kernel_block_size):
     prefill, decode = ark_config("kv_producer"), ark_config("kv_consumer")
-    # each side commits its own block count after warm-up, below the reserved capacity
-    sender, src = worker_after_warm_up(prefill, num_blocks=23, capacity=40)
-    receiver, dst = worker_after_warm_up(decode, num_blocks=29, capacity=40)
+    # each side commits its own block count after warm-up, below the reserved capacity;
+    # with kernel-split pages, block b is kernel blocks 4b..4b+3 of the view
+    sender, src = worker_after_warm_up(prefill, 23, 40, kernel_block_size)
+    receiver, dst = worker_after_warm_up(decode, 29, 40, kernel_block_size)
+    ratio = BLOCK // (kernel_block_size or BLOCK)
+
+    def rows(blocks):
+        return [b * ratio + j for b in blocks for j in range(ratio)]
+
     try:
         torch.manual_seed(0)
         for tensor in src.values():
@@ -273,8 +280,9 @@ def test_ark_workers_move_kv_on_loopback_when_created_after_warm_up():
         assert results.finished_recving == {"r1"}
         assert receiver.get_block_ids_with_load_errors() == set()
         for name, tensor in dst.items():
-            assert torch.equal(tensor[[5, 2, 20]], src[name][[3, 7, 11]]), name
-            assert not tensor[[0, 1, 3, 4]].any(), name
+            assert tensor.shape[0] == 29 * ratio
+            assert torch.equal(tensor[rows([5, 2, 20])], src[name][rows([3, 7, 11])]), name
+            assert not tensor[rows([0, 1, 3, 4])].any(), name
     finally:
         sender.shutdown()
         receiver.shutdown()
