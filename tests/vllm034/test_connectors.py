@@ -15,6 +15,11 @@ from __future__ import annotations
 import time
 
 import pytest
+
+# vLLM's own test helpers: 0.34's sdist puts them on the path (make test-034); under the
+# installed 0.32 the tier is skipped, and this keeps its collection from failing first
+pytest.importorskip("tests.v1.kv_connector.unit.utils")
+
 import torch
 from connectors034 import (
     ARK_NIXL,
