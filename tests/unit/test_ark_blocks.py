@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_ext.ark.blocks import LayoutMismatch, block_dim, gather, scatter
+from vllm_ext.ark.blocks import LayoutMismatch, block_dim, gather, manager_block_view, scatter
 
 pytestmark = pytest.mark.unit
 
@@ -58,3 +58,27 @@ def test_mismatches_are_refused_before_writing():
         scatter(src, dims, meta, data + b"x", [3, 4], 0, 16)
     with pytest.raises(LayoutMismatch, match="block dimension"):
         block_dim((10, 10, 4), 10)
+
+
+@pytest.mark.parametrize("ratio", [2, 4])
+def test_kernel_split_blocks_move_as_whole_blocks(ratio):
+    # vLLM >= 0.34 may split each block into `ratio` kernel blocks along the block dim:
+    # kernel block j of block b is row b * ratio + j of a [blocks * ratio, heads, 16 // ratio, C]
+    g = torch.Generator().manual_seed(ratio)
+    src = {"l0": torch.randn(37 * ratio, 3, 16 // ratio, 16, generator=g)}
+    dst = {"l0": torch.zeros(29 * ratio, 3, 16 // ratio, 16)}
+    src_v = {k: manager_block_view(v, 37) for k, v in src.items()}
+    dst_v = {k: manager_block_view(v, 29) for k, v in dst.items()}
+    meta, payload = gather(src_v, {"l0": 0}, [4, 30, 11], 16)
+    scatter(dst_v, {"l0": 0}, meta, bytearray(payload.numpy().tobytes()), [7, 0, 28], 0, 16)
+
+    def rows(blocks):
+        return [b * ratio + j for b in blocks for j in range(ratio)]
+
+    assert torch.equal(dst["l0"][rows([7, 0, 28])], src["l0"][rows([4, 30, 11])])
+    assert not dst["l0"][rows([1, 2, 27])].any()
+    # a tensor with a plain block dimension, or with no single candidate, is left as is
+    plain = torch.zeros(29, 3, 16, 16)
+    assert manager_block_view(plain, 29) is plain
+    ambiguous = torch.zeros(58, 58, 4)
+    assert manager_block_view(ambiguous, 29) is ambiguous

@@ -25,8 +25,22 @@ Offline gate: a converter checkpoint is loaded only if it was fitted for the
 served model (shape and weights digest) and its stored gate report passes
 ``max_delta_nll`` / ``min_top1``; otherwise the engine does not start.
 
+vLLM 0.34 (checked against its code): the KV cache is reached in process
+only (the backend's write op), so ``kv_cache_access()`` keeps the default
+``IN_PROCESS`` and the extensible KV cache stays on; the worker half may be
+created after warm-up (``extend_kv_cache``) and needs nothing before
+``register_kv_caches``; an import is a synchronous load, so vLLM runs
+``start_load_kv`` before the forward (``SchedulerOutput.has_sync_kv_loads``);
+``may_load_async`` is False (no async load ever) and ``requires_kv_delivery``
+False (nothing is handed off); ``unregister_kv_caches`` / ``restore_kv_caches``
+keep their no-op defaults: only torch views are held, which sleep mode keeps
+valid. The seams are checked in ``__init__``
+(:func:`~vllm_ext.common.compat.ensure`).
+
 Limits: one worker (tensor/pipeline parallel size 1), Llama-architecture
-models from a local folder, one KV-cache group (no hybrids).
+models from a local folder, one KV-cache group (no hybrids). The source and
+converters on the device are outside vLLM's memory budget (they load after the
+KV cache is sized, on every release).
 """
 
 from __future__ import annotations
@@ -160,6 +174,10 @@ class AcctConnector(PublishesCounters, KVConnectorBase_V1):
             return 0, False
         self._offers[request.request_id] = num_computed_tokens
         return end - num_computed_tokens, False
+
+    def may_load_async(self, request) -> bool:
+        # vLLM >= 0.34 asks before queueing a request; ACCT's imports are synchronous
+        return False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         start = self._offers.pop(request.request_id, None)

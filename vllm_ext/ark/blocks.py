@@ -32,6 +32,25 @@ def block_dim(shape: Sequence[int], num_blocks: int) -> int:
     return dims[0]
 
 
+def manager_block_view(tensor: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """``tensor`` with a dimension of size ``num_blocks`` (a view; writes reach the cache).
+
+    vLLM >= 0.34 may split each block into ``k`` kernel blocks along the block
+    dimension (size ``num_blocks * k``, kernel block ``j`` of block ``b`` at
+    ``b * k + j``); that dimension is unflattened to ``[num_blocks, k]``. A
+    tensor without exactly one such dimension is returned as is (:func:`block_dim`
+    then names the shape).
+    """
+    if num_blocks in tensor.shape:
+        return tensor
+    shape = tensor.shape
+    split = [i for i, size in enumerate(shape) if size > num_blocks and size % num_blocks == 0]
+    if len(split) != 1:
+        return tensor
+    dim = split[0]
+    return tensor.unflatten(dim, (num_blocks, shape[dim] // num_blocks))
+
+
 def gather(kv_caches: Mapping[str, torch.Tensor], dims: Mapping[str, int],
            block_ids: Sequence[int], block_size: int) -> tuple[dict, torch.Tensor]:  # fmt: skip
     """``(meta, payload)``: the blocks ``block_ids`` of every layer as one uint8 CPU tensor.

@@ -28,6 +28,19 @@ worker: frames arrive on the :class:`~vllm_ext.ark.transport.KvReceiver`
 frame and the load order are there. A frame that never comes within
 ``load_timeout_s`` or does not fit this cache is a load error: vLLM
 recomputes or fails the request per ``kv_load_failure_policy``.
+
+vLLM 0.34 (checked against its code): blocks are copied with torch ops
+(``index_select`` to host, ``index_copy_`` back), nothing is registered with
+an RDMA engine, so ``kv_cache_access()`` keeps the default ``IN_PROCESS``; the
+worker half may be created after warm-up and opens its sender / listener in
+``register_kv_caches``, sized from its own ``kv_cache_config`` (the committed
+block count; a block split into kernel blocks is addressed as one);
+``may_load_async`` is true only on the decode side, for ``do_remote_prefill``;
+``requires_kv_delivery`` keeps the default (the prefill
+side hands KV off: a request preempted with its hand-off pending is
+recomputed); ``unregister_kv_caches`` / ``restore_kv_caches`` keep their
+no-op defaults (only torch views are held). The seams are checked in
+``__init__`` (:func:`~vllm_ext.common.compat.ensure`).
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from vllm_ext.ark.announce import Announcer
-from vllm_ext.ark.blocks import LayoutMismatch, block_dim, gather, scatter
+from vllm_ext.ark.blocks import LayoutMismatch, block_dim, gather, manager_block_view, scatter
 from vllm_ext.ark.config import load_ark_config, parse_endpoint
 from vllm_ext.ark.counters import COUNTER_SPECS, SYSTEM
 from vllm_ext.ark.fabric import Fabric, Transfer
@@ -168,6 +181,11 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         count = request.num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
+    def may_load_async(self, request) -> bool:
+        # vLLM >= 0.34 asks before queueing a request: only the decode side ever loads
+        params = request.kv_transfer_params
+        return not self.producer and bool(params and params.get("do_remote_prefill"))
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         params = request.kv_transfer_params
         if not params:
@@ -238,7 +256,7 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
 
     # ---------------------------------------------------------------- worker side
     def register_kv_caches(self, kv_caches) -> None:
-        self._kv = dict(kv_caches)
+        self._kv = {name: manager_block_view(t, self.num_blocks) for name, t in kv_caches.items()}
         self._dims = {name: block_dim(t.shape, self.num_blocks) for name, t in self._kv.items()}
         cfg = self.config
         if self.producer:

@@ -19,6 +19,13 @@ the prefill's agent (5 ports at least): UCX retries a busy range forever, so wit
 fewer ports the prefill worker hangs in its NIXL agent's creation. The handshake's
 own ZMQ connection keeps an ephemeral port.
 
+vLLM 0.34: ``kv_cache_access()`` is inherited from vLLM's NIXL connector
+(``REGISTERS | EXPORTS_FABRIC``: UCX registers the device KV cache and peers on
+a host map it; ``IN_PROCESS`` with ``kv_buffer_device="cpu"``, where NIXL
+registers host staging buffers), and so are ``unregister_kv_caches`` /
+``restore_kv_caches`` and ``supports_sleep_mode``. ARK's seams are checked in
+``__init__``.
+
 Run the decode instance with ``LD_PRELOAD=$(python -c 'from vllm_ext.ark.shim import
 build; print(build())')``; without it nothing is applied and a warning says so.
 """
