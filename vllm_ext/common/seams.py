@@ -51,13 +51,22 @@ CONNECTOR_CALL_SITES: tuple[tuple[str, str, str, str], ...] = (
     )),
 )  # fmt: skip
 
+# call sites a later vLLM added: (module, function, expression, method, releases)
+LATER_CONNECTOR_CALL_SITES: tuple[tuple[str, str, str, str, str], ...] = (
+    # 0.34: a request that may load asynchronously waits in async_kv_waiting
+    (_SCHED, "Scheduler._enqueue_waiting_request", "self.connector.may_load_async",
+     "may_load_async", ">=0.34"),
+)  # fmt: skip
+
+
 def connector_calls(system: str, connector: str) -> tuple[Seam, ...]:
     """``call`` entries: each connector method vLLM calls must bind to ``connector``'s
     (``"vllm_ext.<module>:<Class>"``)."""
+    sites = [(*site, "") for site in CONNECTOR_CALL_SITES] + list(LATER_CONNECTOR_CALL_SITES)
     return tuple(
         Seam(system, module, caller, "call", "vLLM calls the connector with this shape",
-             (expression,), ours=f"{connector}.{method}")
-        for module, caller, expression, method in CONNECTOR_CALL_SITES
+             (expression,), ours=f"{connector}.{method}", releases=releases)
+        for module, caller, expression, method, releases in sites
     )
 
 
@@ -134,6 +143,13 @@ SEAMS: tuple[Seam, ...] = (
          "counters reach /metrics through connector stats", ()),
     Seam("common", _KVB, "KVConnectorBase_V1.build_kv_connector_stats", "signature",
          "counters rebuilt in the API server", ("data",)),
+    Seam("common", _KVB, "KVConnectorBase_V1.requires_kv_delivery", "attribute",
+         "NoKVTransfer answers False: a preempted request keeps output still in flight"),
+    Seam("common", _SCHED, "Scheduler.__init__", "source",
+         "vLLM reads the connector's requires_kv_delivery once", ("requires_kv_delivery",)),
+    Seam("common", _KVB, "KVConnectorBase_V1.may_load_async", "signature",
+         "NoKVTransfer, ACCT and ARK's prefill side load nothing asynchronously", ("request",),
+         releases=">=0.34"),
     Seam("common", _KVB, "KVConnectorBase_V1.build_prom_metrics", "signature",
          "our Prometheus counters",
          ("vllm_config", "metric_types", "labelnames", "per_engine_labelvalues")),
