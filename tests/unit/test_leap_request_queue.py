@@ -60,7 +60,31 @@ def test_one_key_is_vllms_fcfs_queue_exactly():
             assert popped is vllms.pop_request()
             queued.remove(popped)
         assert len(ours) == len(vllms) and bool(ours) == bool(vllms)
+        if queued and op > 0.95:  # the deque's membership test and indexing, now and then
+            probe = rng.choice(queued + [_request(-1, 0.0)])
+            assert (probe in ours) == (probe in vllms)
+            index = rng.randrange(-len(vllms), len(vllms))
+            assert ours[index] is vllms[index]
     assert _ids(ours) == _ids(vllms)
+
+
+def test_head_rank_merges_two_queues_as_vllm_merges_its_fcfs_heads_without_keys():
+    """vLLM 0.34 picks between two queues' heads by arrival; with one key, head_rank
+    compares the same way; with keys, by key; a plan's picks before both."""
+    keys: dict[str, tuple] = {}
+    describe = lambda r: (keys.get(r.request_id, ()), None, None)  # noqa: E731
+    waiting, async_kv = LeapRequestQueue(describe), LeapRequestQueue(describe)
+    early, late = _request(0, 1.0), _request(1, 2.0)
+    async_kv.add_request(early)
+    waiting.add_request(late)
+    assert async_kv.head_rank() < waiting.head_rank()  # FIFO key: the earlier arrival
+    keys.update(r0=(0, 9.0), r1=(0, 1.0))  # keyed: the later arrival is the shorter
+    async_kv.rekey(early)
+    waiting.rekey(late)
+    assert waiting.head_rank() < async_kv.head_rank()
+    for queue in (waiting, async_kv):
+        queue.set_head([early])  # the probe lane's plan names a request of one queue
+    assert async_kv.head_rank() < waiting.head_rank()
 
 
 def test_keys_order_the_queue_and_rekey_and_rebuild_follow_the_describer():

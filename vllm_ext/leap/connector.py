@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 from vllm.platforms import current_platform
 from vllm.v1.request import RequestStatus
 
@@ -61,8 +62,9 @@ def leap_worker_meta(connector_output, connector) -> KVConnectorWorkerMetadata |
     meta = connector_output.kv_connector_worker_meta
     if meta is None or isinstance(connector, LeapConnector):
         return meta
-    for inner, part in zip(getattr(connector, "_connectors", ()),
-                           getattr(meta, "metadata", ()), strict=False):  # fmt: skip
+    if not isinstance(connector, MultiConnector):  # someone else's connector: not ours
+        return None
+    for inner, part in zip(connector.sub_connectors, getattr(meta, "metadata", ()), strict=False):
         if isinstance(inner, LeapConnector):
             return part
     return None
@@ -89,6 +91,24 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         self._delivered: LeapWorkerMetadata | None = None
 
     # ---- scheduler side
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # LEAP hands no KV off when a request finishes, so a request preempted with
+        # output still in flight (pipeline parallel, async scheduling) keeps that
+        # output; vLLM's default (true for kv_both) would drop it and recompute
+        return False
+
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config) -> bool:
+        # vLLM 0.34: a configured connector must opt in, or speculative decoding
+        # (EAGLE/MTP) loses its lookahead block hashes; LEAP reads no block hash
+        return True
+
+    def may_load_async(self, request) -> bool:
+        # vLLM 0.34: LEAP never loads KV (vLLM's default reads do_remote_prefill);
+        # beside a P/D connector in a MultiConnector, that one answers
+        return False
+
     def build_connector_meta(self, scheduler_output):
         return LeapMetadata(finished_req_ids=frozenset(scheduler_output.finished_req_ids))
 

@@ -51,6 +51,8 @@ class LeapRequestQueue(RequestQueue):
         self._known: list[float] = []  # sorted lengths of the queued requests that have one
         self._unknown_caps: list[float] = []  # sorted output caps of the others
         self.now = time.time()
+        # request id -> position in the step's plan (set_head), across all queues
+        self._plan_rank: dict[str, int] = {}
 
     # --- vLLM's RequestQueue interface ---
 
@@ -92,8 +94,14 @@ class LeapRequestQueue(RequestQueue):
 
     # --- what the LEAP scheduler adds ---
 
-    def __contains__(self, request_id: str) -> bool:
+    def __contains__(self, request: Request | str) -> bool:
+        # a request, as in vLLM's deque-based FCFS queue, or its id
+        request_id = request if isinstance(request, str) else request.request_id
         return request_id in self._queue
+
+    def __getitem__(self, index: int) -> Request:
+        # vLLM's FCFS queue is a deque and is indexed as one (a sort: inspection only)
+        return self._queue.ordered(self.now)[index].payload.request
 
     def payloads(self) -> Iterator:
         """The scheduler's payload of each queued request (any order)."""
@@ -125,8 +133,26 @@ class LeapRequestQueue(RequestQueue):
         self._queue.max_wait_s = max_wait_s
 
     def set_head(self, requests: Iterable[Request]) -> None:
-        """Admit these first, in order, until the next call (the probe lane's plan)."""
-        self._queue.set_head(r.request_id for r in requests)
+        """Admit these first, in order, until the next call (the probe lane's plan).
+
+        The plan may name requests of other queues too: :meth:`head_rank` keeps
+        their positions, so heads of two queues compare in the plan's order.
+        """
+        self._plan_rank = {r.request_id: i for i, r in enumerate(requests)}
+        self._queue.set_head(self._plan_rank)
+
+    def head_rank(self) -> tuple:
+        """Where the head stands in LEAP's order at :attr:`now`, comparable across the
+        queues of one scheduler (the lowest is served first): a planned head by its
+        place in the plan, then aged ones by arrival, then the others by key (the FIFO
+        key ``()`` leaves arrival, as vLLM's own merge of two FCFS heads)."""
+        item = self._queue.peek(self.now)
+        planned = self._plan_rank.get(item.item_id)
+        if planned is not None:
+            return (0, planned)
+        if self.now - item.arrival >= self._queue.max_wait_s:
+            return (1, item.arrival)
+        return (2, item.key, item.arrival)
 
     def _described(self, request: Request) -> tuple[_Queued, tuple]:
         key, length, payload = self._describe(request)

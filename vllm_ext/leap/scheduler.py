@@ -50,6 +50,7 @@ import math
 import time
 
 import numpy as np
+from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 from vllm.sampling_params import SamplingType
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
@@ -72,7 +73,7 @@ def find_leap_connector(connector) -> LeapConnector | None:
     """Our connector, directly configured or inside a MultiConnector."""
     if isinstance(connector, LeapConnector):
         return connector
-    for inner in getattr(connector, "_connectors", ()):
+    for inner in connector.sub_connectors if isinstance(connector, MultiConnector) else ():
         if isinstance(inner, LeapConnector):
             return inner
     return None
@@ -105,19 +106,51 @@ class LeapSchedulerMixin:
         self._leap_columns: dict[str, tuple[float, float, float, float]] = {}
         # output length at which a running request's next loop check is due
         self._leap_loop_due: dict[str, float] = {}
-        # vLLM's waiting queue, kept in LEAP's order as requests come and go (empty here)
+        # vLLM's waiting queues, kept in LEAP's order as requests come and go (empty
+        # here): ``waiting``; ``kv_holding_waiting`` (requests holding KV blocks,
+        # drained first); on vLLM 0.34 ``async_kv_waiting`` (requests that may load KV
+        # asynchronously, under --max-num-inflight-kv-loads), whose head vLLM weighs
+        # against waiting's in _next_waiting_queue (overridden below)
         self.waiting = LeapRequestQueue(self._leap_describe)
-        # the lane needs a slot left for decoding
-        self._leap_lane_width = min(self.leap.config.probe_slots, self.max_num_running_reqs - 1)
+        self.kv_holding_waiting = LeapRequestQueue(self._leap_describe)
+        if hasattr(self, "async_kv_waiting"):
+            self.async_kv_waiting = LeapRequestQueue(self._leap_describe)
+        # the lane needs a slot left for decoding; slots are what vLLM admits into
+        # RUNNING (--max-num-active-seqs, if set below --max-num-seqs)
+        self._leap_lane_width = min(self.leap.config.probe_slots, self.max_num_active_reqs - 1)
         logger.info(
             "LEAP scheduler active (%s predictor, %s)",
             "calibrated" if self.leap.active else "no",
             type(self).__mro__[2].__name__,
         )
 
+    def _leap_queues(self) -> list[LeapRequestQueue]:
+        """Every waiting queue this vLLM has (the ones ``__init__`` replaced)."""
+        queues = [self.waiting, self.kv_holding_waiting, getattr(self, "async_kv_waiting", None)]
+        return [queue for queue in queues if isinstance(queue, LeapRequestQueue)]
+
+    def _next_waiting_queue(self, take_async_kv: bool):
+        """vLLM 0.34: ``waiting`` or ``async_kv_waiting``, whichever head LEAP serves first.
+
+        vLLM's own merges the heads by arrival (FCFS), which would undo LEAP's
+        order between the two queues; ties still go to ``waiting`` as in vLLM.
+        """
+        async_kv = self.async_kv_waiting
+        if not take_async_kv or not async_kv:
+            return self.waiting
+        if not self.waiting:
+            return async_kv
+        if not isinstance(async_kv, LeapRequestQueue) or not isinstance(
+            self.waiting, LeapRequestQueue
+        ):
+            return super()._next_waiting_queue(take_async_kv)
+        return async_kv if async_kv.head_rank() < self.waiting.head_rank() else self.waiting
+
     def schedule(self, *args, **kwargs):
         now = time.time()
-        self.waiting.now = now
+        queues = self._leap_queues()
+        for queue in queues:
+            queue.now = now
         self._leap_update_waiting()
         running = self._leap_running_batch()
         if self._leap_find_loops(running):  # new predictions: pick them up
@@ -129,7 +162,8 @@ class LeapSchedulerMixin:
             admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
             self.leap.counters.inc("lane_probes", admitted)
             return output
-        self.waiting.set_head(())
+        for queue in queues:
+            queue.set_head(())
         # without information (no prediction, or one value for all: a constant
         # predictor) and no prompt prior, the schedule stays exactly vLLM's
         if self._leap_keyed:
@@ -190,13 +224,16 @@ class LeapSchedulerMixin:
             self._leap_columns.pop(request_id, None)
         for request_id in self.finished_req_ids:
             self._leap_loop_due.pop(request_id, None)
+        queues = self._leap_queues()
         if (policy, keyed) != (self.leap_policy, self._leap_keyed):
             self.leap_policy, self._leap_keyed = policy, keyed
-            self.waiting.rebuild(policy.config.max_wait_s if keyed else math.inf)
+            for queue in queues:
+                queue.rebuild(policy.config.max_wait_s if keyed else math.inf)
             return
         for request_id in changed:
-            if request_id in self.waiting:
-                self.waiting.rekey(self.requests[request_id])
+            for queue in queues:
+                if request_id in queue:
+                    queue.rekey(self.requests[request_id])
 
     def _leap_describe(self, request) -> tuple[tuple, float | None, RequestView]:
         """Queue key, predicted remaining and view of a waiting request."""
@@ -297,7 +334,7 @@ class LeapSchedulerMixin:
         victims = self.leap_policy.preemption_victims(
             expected,
             zip(rows, remaining[rows].tolist(), strict=True),
-            free_slots=self.max_num_running_reqs - len(self.running),
+            free_slots=self.max_num_active_reqs - len(self.running),
             margin=config.preempt_margin,
             movable=lambda row: self._leap_movable(self.running[row]),
         )
@@ -312,10 +349,13 @@ class LeapSchedulerMixin:
             (_view(request, batch, i), preempt and fresh[i] and self._leap_movable(request))
             for i, request in enumerate(self.running)
         ]
+        # the requests that wait for a slot: waiting's and (0.34) async_kv_waiting's;
+        # kv_holding_waiting's are admitted first whatever the plan
+        queues = [q for q in self._leap_queues() if q is not self.kv_holding_waiting]
         plan = policy.plan_slots(
-            list(self.waiting.payloads()),
+            [payload for queue in queues for payload in queue.payloads()],
             runners,
-            slots=self.max_num_running_reqs,
+            slots=self.max_num_active_reqs,
             prior=self.leap.typical_tokens,
             lane_width=self._leap_lane_width,
             now=now,
@@ -324,7 +364,10 @@ class LeapSchedulerMixin:
         rows = [i for i, r in enumerate(self.running) if r.request_id in parked]
         self._leap_order_running(self._leap_preempt_rows(batch, rows, now), now)
         # vLLM admits from the head of waiting while slots are free: the plan's picks
-        self.waiting.set_head(self.requests[i] for i in (*plan.admit, *plan.probe))
+        # (each queue serves those it holds first; _next_waiting_queue keeps their order)
+        picks = [self.requests[i] for i in (*plan.admit, *plan.probe)]
+        for queue in self._leap_queues():
+            queue.set_head(picks)
         return plan.probe
 
     def _leap_preempt_rows(self, batch: RunningBatch, rows, now: float) -> RunningBatch:
@@ -339,7 +382,9 @@ class LeapSchedulerMixin:
         # one pass, not a list.remove per victim (a scan of the whole batch each)
         self.running[:] = [r for i, r in enumerate(self.running) if i not in gone]
         for request in victims:
-            self._preempt_request(request, now)
+            # as vLLM's own preemption: in-flight output is dropped only where a
+            # connector must hand off the KV that the preemption frees
+            self._preempt_request(request, now, drop_stale_output=self.requires_kv_delivery)
         self.leap.counters.inc("preemptions", len(rows))
         return batch.without(rows)
 
