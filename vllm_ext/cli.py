@@ -50,7 +50,7 @@ def serve(argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     args, vllm_args = parser.parse_known_args(argv)
     try:
-        configs = validate_additional_config(
+        validate_additional_config(
             additional_config_from_argv(vllm_args) or {}, os.environ
         )
     except ConfigError as exc:
@@ -62,7 +62,7 @@ def serve(argv: list[str]) -> int:
         plan = compose(args.model, plugins, vllm_args, os.environ, _general_plugin_names())
     except LaunchError as exc:
         parser.error(str(exc))
-    refused = runner_gate.installed_refusal(configs["leap"]) if "leap" in plugins else None
+    refused = runner_gate.argv_refusal(vllm_args) if "leap" in plugins else None
     if refused is not None:
         sys.stderr.write(f"vllm-ext serve: error: {refused}\n")
         return 2

@@ -247,7 +247,7 @@ ADDITIONAL = {
     "tvq": {"max_kernel_tokens": 3},
     "etaps": {"max_sparse_tokens": 2, "min_kernel_sparsity": 0.5},
     "flide": {},
-    "leap": {"experimental": {"model_runner_v2": True}},
+    "leap": {"experimental": {"forgetting": 0.99}},
 }
 
 
@@ -275,7 +275,7 @@ def test_additional_config_dict_reaches_the_methods_through_vllm_config():
     config = engine_config(ADDITIONAL)
     assert config.additional_config == {**ADDITIONAL, "gdn_prefill_backend": "triton"}
     validate_additional_config(config.additional_config, environ={})
-    assert config_from_vllm("leap", config).model_runner_v2
+    assert config_from_vllm("leap", config).forgetting == 0.99
     assert config.compile_factors()["additional"] == config.additional_config
     changed = engine_config({**ADDITIONAL, "tvq": {"max_kernel_tokens": 4}})
     assert hash_factors(changed.compile_factors()) != hash_factors(config.compile_factors())

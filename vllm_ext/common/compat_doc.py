@@ -21,9 +21,8 @@ def meaning(row: dict) -> str:
     """What a failing row means for a user of that vLLM release."""
     if row["detail"] == V1_GONE:
         return (
-            "LEAP refuses to start, with one line before vLLM starts (vllm-ext serve, its "
-            "plugin) or before the weights load (its loader), unless the experimental V2 path "
-            "is opted in (`experimental.model_runner_v2`, never run in a V2 engine)"
+            "the V1 runner's entries do not apply: LEAP's probe maps rows through Model "
+            "Runner V2's start_load_kv kwargs (checked against this release's MRV2 code)"
         )
     if row["system"] == "patches":
         return "the patch does not apply: the system that needs it registers nothing"

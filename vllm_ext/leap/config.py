@@ -165,13 +165,6 @@ class LeapConfig:
         doc="return each request's probe vector (and its refinement probes) in "
         "kv_transfer_params (set by the calibrate CLI)",
     )
-    model_runner_v2: bool = option(
-        False,
-        experimental=True,
-        doc="let LEAP start where the engine runs Model Runner V2 (the only runner from vLLM "
-        "0.34 on): the probe maps rows through start_load_kv's request_ids, tested on V2's "
-        "structures on CPU but never in a V2 engine; False = LEAP refuses to start there",
-    )
 
     def __post_init__(self) -> None:
         if self.layer is not None:
@@ -201,7 +194,7 @@ class LeapConfig:
             raise ConfigError(
                 f"LeapConfig.rls_thread must be a boolean or None, got {self.rls_thread!r}"
             )
-        for name in ("preempt", "return_probe", "model_runner_v2"):
+        for name in ("preempt", "return_probe"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"LeapConfig.{name} must be a boolean, got {getattr(self, name)!r}"

@@ -155,7 +155,10 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
         # metadata; V1 passes no kwargs (its probe reads the bound runner instead)
         steps = loader.V2_STEPS
         if steps is not None and "request_ids" in kwargs:
-            steps.observe(kwargs["scheduler_output"], kwargs["request_ids"])
+            # num_tokens: where each row sits when adaptive draft verification trims drafts
+            steps.observe(
+                kwargs["scheduler_output"], kwargs["request_ids"], kwargs.get("num_tokens")
+            )
 
     def build_connector_worker_meta(self):
         probe = loader.PROBE

@@ -19,8 +19,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from vllm_ext.leap.config import LeapConfig
-
 
 def refusal(prefill_context_parallel_size: int = 1, use_ubatching: bool = False) -> str | None:
     """Why LEAP's probe cannot map this engine's rows; None when it can.
@@ -49,15 +47,6 @@ def engine_refusal(parallel_config) -> str | None:
         getattr(parallel_config, "prefill_context_parallel_size", 1),
         bool(getattr(parallel_config, "use_ubatching", False)),
     )
-
-
-def installed_refusal(config: LeapConfig) -> str | None:
-    """Why LEAP may not start on the installed vLLM, whatever the engine's arguments.
-
-    Nothing does any longer: both model runners are tested (``vllm-ext serve``
-    still asks, so that a later reason has one place).
-    """
-    return None
 
 
 def selects_leap(args: Sequence[str]) -> bool:
