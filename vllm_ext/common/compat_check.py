@@ -61,8 +61,7 @@ def table_rows(version: str) -> list[dict]:
         if not seam.applies_to(series):
             continue  # vLLM added or dropped it, and our code follows (Seam.releases)
         if seam.runner == "v1" and not v1:
-            rows.append(_row(seam.system, seam.name, "missing", compat_doc.V1_GONE))
-            continue
+            continue  # no V1 runner on this release: LEAP's probe takes the V2 path
         problem = compat.seam_problem(seam)
         moved = compat._found(seam).module
         if problem is None and moved != seam.module:
