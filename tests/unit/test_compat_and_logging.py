@@ -30,7 +30,7 @@ def test_every_seam_is_well_formed_and_each_system_declares_its_own():
         assert (seam.kind == "call") == bool(seam.ours), seam
         if seam.ours:
             assert seam.ours.startswith("vllm_ext.") and ":" in seam.ours, seam
-    names = [(s.system, s.name, s.ours) for s in compat.SEAMS]
+    names = [(s.system, s.name, s.ours, s.releases) for s in compat.SEAMS]
     assert len(names) == len(set(names)), "a seam is listed twice for one system"
     systems = {"common", "leap", "histate", "flide", "ark", "acct", "tvq", "etaps"}
     assert set(compat.SYSTEMS) == systems
