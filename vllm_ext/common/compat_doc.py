@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from vllm_ext.common import compat
 
-V1_GONE = "V1 model runner removed"
 NO_CALL_SITE = "no call entry in seams.py: how vLLM calls it is not checked"
 FAILING = ("changed", "missing")
 REGENERATE = "python -m vllm_ext.common.compat_check render"
@@ -19,11 +18,6 @@ REGENERATE = "python -m vllm_ext.common.compat_check render"
 
 def meaning(row: dict) -> str:
     """What a failing row means for a user of that vLLM release."""
-    if row["detail"] == V1_GONE:
-        return (
-            "the V1 runner's entries do not apply: LEAP's probe maps rows through Model "
-            "Runner V2's start_load_kv kwargs (checked against this release's MRV2 code)"
-        )
     if row["system"] == "patches":
         return "the patch does not apply: the system that needs it registers nothing"
     return (
@@ -51,11 +45,8 @@ def summary(report: dict) -> dict[str, str]:
         if not bad:
             out[system] = "all seams hold" + note
             continue
-        first = next(r for r in bad if r["detail"] != V1_GONE) if any(
-            r["detail"] != V1_GONE for r in bad
-        ) else bad[0]
-        label = "unsupported" if any(r["detail"] == V1_GONE for r in bad) else "refuses"
-        out[system] = f"{label}: {len(bad)} entries fail, first `{first['seam']}`: " + (
+        first = bad[0]
+        out[system] = f"refuses: {len(bad)} entries fail, first `{first['seam']}`: " + (
             first["detail"] + note
         )
     return out
