@@ -99,6 +99,15 @@ def counter(llm, name: str) -> float:
 IDLE = {"requests": 0, "plans": 0, "loads": 0, "inflight": 0, "staging": 0}
 
 
+def settle(llm) -> None:
+    """Step until finished requests' tails are copied and their blocks freed, as a served
+    engine's loop does (``LLM.generate`` returns before that step), then wait for SSD work."""
+    scheduler = scheduler_of(llm)
+    while scheduler.has_requests():
+        llm.llm_engine.step()
+    scheduler.connector.runtime.drain()
+
+
 def assert_tiers_agree(llm) -> None:
     """The worker holds a host copy of every key the index has in host memory, and
     nothing else but what the next step's operations drop or spill."""
@@ -240,7 +249,7 @@ def test_aborts_leave_nothing_pinned_pending_or_leaked(histate):
     eng.abort_request(["ab0", "ab3"])
     while eng.has_unfinished_requests():
         eng.step()
-    conn.runtime.drain()
+    settle(llm)
     assert conn.idle_state() == IDLE
     conn.runtime.check_idle()
     assert_tiers_agree(llm)

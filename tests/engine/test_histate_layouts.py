@@ -18,6 +18,7 @@ from tests.engine.test_histate_engine import (
     _tokens,
     histate_kwargs,
     scheduler_of,
+    settle,
 )
 from tests.helpers import engine
 
@@ -63,5 +64,6 @@ def _check_float32_layout(llm) -> None:
     assert conn.counters.value("hit_tokens") - before == 2 * block
     assert conn.counters.value("snapshots_loaded_host") > 0
     conn.runtime.drain()
+    settle(llm)
     assert conn.idle_state() == IDLE
     conn.shutdown()

@@ -127,6 +127,7 @@ def _step(scheduler: Scheduler, token: int = 7):
     worker.bind_connector_metadata(out.kv_connector_metadata)
     worker.start_load_kv(None)
     worker.wait_for_save()
+    finished_sending, _ = worker.get_finished(out.finished_req_ids)
     meta = worker.build_connector_worker_meta()
     worker.clear_connector_metadata()
     req_ids = list(out.num_scheduled_tokens)
@@ -137,7 +138,9 @@ def _step(scheduler: Scheduler, token: int = 7):
         sampled.append([token] if done else [])
     runner = ModelRunnerOutput(
         req_ids=req_ids, sampled_token_ids=sampled,
-        kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=meta),
+        kv_connector_output=KVConnectorOutput(
+            finished_sending=finished_sending, kv_connector_worker_meta=meta
+        ),
     )  # fmt: skip
     scheduler.update_from_output(out, runner)
     return out
@@ -168,8 +171,9 @@ def test_a_prompt_stored_by_one_request_hits_after_vllms_cache_is_reset(histate_
     kinds = sorted(key.split(":")[0] for key, _, _ in stores)
     # the three full attention blocks and the recurrent state at their end
     assert kinds == ["kv", "kv", "kv", "snap"]
-    assert _counter(scheduler, "kv_blocks_stored") == 3
-    assert _counter(scheduler, "snapshots_stored") == 1
+    # and, once it finished, its tail: the partial block and the state at its exact end
+    assert _counter(scheduler, "kv_blocks_stored") == 3 + 1
+    assert _counter(scheduler, "snapshots_stored") == 1 + 1
     assert not any(out.kv_connector_metadata.loads for out in first)
     assert connector.idle_state() == dict.fromkeys(connector.idle_state(), 0)
 
@@ -185,5 +189,32 @@ def test_a_prompt_stored_by_one_request_hits_after_vllms_cache_is_reset(histate_
     assert _counter(scheduler, "kv_blocks_loaded") == 3
     assert _counter(scheduler, "snapshots_loaded_host") == 1
     # nothing leaks: no pinned plan or per-request state, every device block free again
+    assert connector.idle_state() == dict.fromkeys(connector.idle_state(), 0)
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
+
+
+def test_a_requests_exact_end_is_kept_and_the_next_turn_hits_it(histate_seams):
+    """A tail: the state after the last computed token (not block aligned) and the KV of
+    the partial block, copied while 0.34 holds the finished request's blocks."""
+    scheduler = _scheduler()
+    block = scheduler.block_size
+    prompt = [100 + (i * 53) % 20000 for i in range(2 * block + 10)]
+    first = _run(scheduler, _request("a", prompt, block, max_tokens=4))
+    finals = [store for out in first for store in out.kv_connector_metadata.final_stores]
+    # the partial KV block and the state, copied after vLLM called request_finished
+    assert sorted(key.split(":")[0] for key, _, _ in finals) == ["kv", "snap"]
+    assert [r for out in first for r in out.kv_connector_metadata.releases] == ["a"]
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1
+    # the next turn: the first turn's tokens (all but the last output) plus a new message
+    end = 2 * block + 10 + 3
+    turn2 = prompt + [7, 7, 7, 7] + [200 + i for i in range(30)]
+    assert scheduler.reset_prefix_cache()
+    second = _run(scheduler, _request("b", turn2, block))
+    (load,) = [job for out in second for job in out.kv_connector_metadata.loads]
+    assert load.kv[-1][1] == next(key for key, _, _ in finals if key.startswith("kv:"))
+    assert load.snapshot_key == next(key for key, _, _ in finals if key.startswith("snap:"))
+    assert second[0].num_scheduled_tokens == {"b": len(turn2) - end}
+    assert _counter(scheduler, "hit_tokens") == end
+    connector = scheduler.connector
     assert connector.idle_state() == dict.fromkeys(connector.idle_state(), 0)
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1

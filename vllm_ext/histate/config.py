@@ -99,6 +99,12 @@ class HiStateConfig:
         doc="drop a snapshot's device copy when its block is freed and HiState holds it "
         "(device memory stays for KV; a later hit loads it from host/SSD)",
     )
+    tail_snapshots: bool = option(
+        True,
+        experimental=True,
+        doc="keep the state at each request's exact end with its partial last block's KV "
+        "(the next turn of a conversation recomputes only its new tokens)",
+    )
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

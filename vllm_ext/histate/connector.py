@@ -42,7 +42,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
     SupportsHMA,
 )
-from vllm.v1.core.kv_cache_utils import get_block_hash
+from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, get_block_hash
 
 from vllm_ext.common import compat
 from vllm_ext.common.config import ConfigError
@@ -101,10 +101,12 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
             files = scan(self.config.directory, self.namespace) if has_ssd else {}
             self.runtime = HiStateRuntime(self.config, self.counters, files, _local_worker)
             self.side = SchedulerSide(
-                self.config, self.runtime, self.block_size, self.attn_group, self.mamba_group
-            )
+                self.config, self.runtime, self.block_size, self.attn_group, self.mamba_group,
+                _tail_extra if _tails_supported(self.config, vllm_config) else None,
+            )  # fmt: skip
         self._pages: PageCopier | None = None
         self.store: WorkerStore | None = None
+        self._tails_copied: set[str] = set()  # worker: requests whose tails are copied
 
     # ---------------------------------------------------------------- scheduler side
     def _check_chunking(self, vllm_config, kv_cache_config) -> None:
@@ -176,8 +178,8 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
             self.side.update_connector_output(meta)
 
     def request_finished_all_groups(self, request, block_ids):
-        self.side.request_finished(request)
-        return False, None
+        # True: the blocks stay until the worker has copied the request's tail
+        return self.side.request_finished(request, block_ids), None
 
     def request_finished(self, request, block_ids):
         return self.request_finished_all_groups(request, (block_ids,))
@@ -214,6 +216,14 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.store.apply(meta.ops)
         # a failed write here would compute on a wrong state: let it raise
         self.store.load(meta.loads)
+        # finished requests' tails: their blocks are held, so any time this step will do
+        if meta.final_stores:
+            self.store.store(meta.final_stores)
+        self._tails_copied.update(meta.releases)
+
+    def get_finished(self, finished_req_ids):
+        done, self._tails_copied = self._tails_copied, set()
+        return (done or None), None
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         pass
@@ -236,6 +246,17 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
     def requires_kv_delivery(self) -> bool:
         # a dropped store is a future miss; preempted requests need no hand-off
         return False
+
+
+def _tails_supported(config, vllm_config) -> bool:
+    """Tails need the state at a request's last computed token: not with speculative
+    decoding (rejected drafts move it back), and not when switched off."""
+    return config.tail_snapshots and vllm_config.speculative_config is None
+
+
+def _tail_extra(request, start: int, end: int):
+    """What vLLM hashes beside a request's tokens ``start..end`` (LoRA, salt, images)."""
+    return generate_block_hash_extra_keys(request, start, end, 0)[0]
 
 
 def _local_worker() -> WorkerStore | None:

@@ -12,6 +12,8 @@ so a snapshot is keyed by the hash of the block it ends.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -151,3 +153,53 @@ class BranchTracker:
             if first != chain[j]:
                 return j
         return None
+
+
+ROOT = "root"  # the parent of a tail inside a request's first block
+
+
+def tail_hash(parent: str, tokens: Sequence[int], extra: object = None) -> str:
+    """Name of the state after ``tokens`` (fewer than a block) past the block ``parent`` ends.
+
+    ``parent`` is the hash of the last full block before the tail (:data:`ROOT`
+    in the first block); ``extra`` is what else keys those tokens (vLLM's
+    per-block extra keys: LoRA, cache salt), so tenants never share a tail.
+    """
+    digest = hashlib.sha256(f"{parent}|{extra!r}|".encode())
+    digest.update(array("q", tokens).tobytes())
+    return digest.hexdigest()[:40]
+
+
+class TailIndex:
+    """Tails (states at an exact, not block-aligned, position) by the full block they follow.
+
+    A request's longest tail hit is found by walking its full blocks and, at
+    each depth, trying only the tail lengths stored under that block's hash,
+    so a lookup hashes a few candidates, never every position. Entries are
+    names only; the tiers say whether the items still exist.
+    """
+
+    def __init__(self) -> None:
+        self._by_parent: dict[str, dict[int, str]] = {}
+        self._owner: dict[str, tuple[str, int]] = {}  # tail hash -> (parent, length)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def add(self, parent: str, length: int, name: str) -> None:
+        self._by_parent.setdefault(parent, {})[length] = name
+        self._owner[name] = (parent, length)
+
+    def lengths(self, parent: str) -> list[int]:
+        """Tail lengths stored after ``parent``, longest first."""
+        return sorted(self._by_parent.get(parent, ()), reverse=True)
+
+    def discard(self, name: str) -> None:
+        owner = self._owner.pop(name, None)
+        if owner is None:
+            return
+        entries = self._by_parent.get(owner[0], {})
+        if entries.get(owner[1]) == name:
+            del entries[owner[1]]
+        if not entries:
+            self._by_parent.pop(owner[0], None)

@@ -38,6 +38,9 @@ class HiStateMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     # (key, KV-cache group id, block id) to copy out after the forward
     stores: list[tuple[str, int, int]] = field(default_factory=list)
+    # finished requests' tails (key, group id, block id): their blocks are held until copied
+    final_stores: list[tuple[str, int, int]] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)  # request ids whose blocks may go then
 
 
 @dataclass

@@ -54,6 +54,16 @@ def snap_key(block_hash: str) -> str:
     return "snap:" + block_hash
 
 
+def tail_kv_key(tail_hash: str) -> str:
+    """Key of a tail's partial KV block (the tokens past the last full block it ends)."""
+    return kv_key("t" + tail_hash)
+
+
+def tail_snap_key(tail_hash: str) -> str:
+    """Key of the state at a tail's exact end (a snapshot: spills to the SSD like the others)."""
+    return snap_key("t" + tail_hash)
+
+
 class Kind(str, Enum):  # noqa: UP042 (StrEnum would change str(kind), which logs and keys use)
     """What an item holds."""
 

@@ -29,7 +29,7 @@ from vllm_ext.common.counters import Counters, CounterSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.counters import COUNTER_SPECS as ALGORITHM_SPECS
-from vllm_ext.histate.lookup import BranchTracker, longest_hit
+from vllm_ext.histate.lookup import BranchTracker, TailIndex, longest_hit
 from vllm_ext.histate.policy import (
     BRANCH,
     DECODE_END,
@@ -38,6 +38,8 @@ from vllm_ext.histate.policy import (
     Kind,
     kv_key,
     snap_key,
+    tail_kv_key,
+    tail_snap_key,
 )
 from vllm_ext.histate.tiers import HOST, SSD, TieredCache
 from vllm_ext.histate.worker_store import DROP, SPILL, WorkerStore
@@ -45,6 +47,8 @@ from vllm_ext.histate.worker_store import DROP, SPILL, WorkerStore
 logger = get_logger(__name__)
 
 DEVICE = "device"
+# depth (full blocks) -> a request's candidate tails there: (length, tail hash), longest first
+TailsAt = Callable[[int], Sequence[tuple[int, str]]]
 ADAPTER_SPECS = (
     CounterSpec("hit_requests", "requests whose prefix was served (in part) from HiState tiers"),
     CounterSpec("hit_tokens", "prompt tokens restored from HiState tiers instead of recomputed"),
@@ -72,6 +76,9 @@ class LoadPlan:
 
     ``snapshot_tier`` is ``"host"``, or ``"ssd"``: then the worker reads the file
     into the request's staging buffer first (:data:`~vllm_ext.histate.worker_store.STAGE`).
+    A tail hit ends ``tokens - blocks * block_size`` tokens into block ``blocks``:
+    ``tail_kv_key`` holds that partial block's KV and the snapshot is the state
+    at exactly ``tokens``.
     """
 
     first: int
@@ -79,9 +86,16 @@ class LoadPlan:
     kv_keys: list[str]
     snapshot_key: str
     snapshot_tier: str
+    tokens: int = 0  # where the hit ends; 0 = ``blocks`` full blocks
+    tail_kv_key: str | None = None
 
     def keys(self) -> list[str]:
-        return [*self.kv_keys, self.snapshot_key]
+        tail = [self.tail_kv_key] if self.tail_kv_key else []
+        return [*self.kv_keys, *tail, self.snapshot_key]
+
+    def end(self, block_size: int) -> int:
+        """Tokens computed once the hit is loaded."""
+        return self.tokens or self.blocks * block_size
 
 
 def snapshot_reason(
@@ -129,6 +143,7 @@ class HiStateRuntime:
         index = config if config.directory is not None else replace(config, ssd_bytes=0)
         self.tiers = TieredCache(index, keep_payloads=False, counters=counters)
         self.branches = BranchTracker()
+        self.tails = TailIndex()
         self._t0 = time.monotonic()
         self._local_worker = local_worker
         # files that did not fit go at the first step
@@ -151,9 +166,15 @@ class HiStateRuntime:
 
     # ---- hits
     def plan_load(
-        self, chain: Sequence[str], local_blocks: int, max_blocks: int
-    ) -> LoadPlan | None:
-        """The longest hit beyond vLLM's own ``local_blocks``; None = miss."""
+        self, chain: Sequence[str], local_blocks: int, max_blocks: int,
+        tails: TailsAt | None = None, block_size: int = 0,
+    ) -> LoadPlan | None:  # fmt: skip
+        """The longest hit beyond vLLM's own ``local_blocks``; None = miss.
+
+        ``tails(depth)`` names the request's candidate tails after ``depth`` full
+        blocks (``(length, tail hash)``, longest first, each ending before the
+        last prompt token); a tail hit needs the KV of every block before it.
+        """
         device = set(chain[:local_blocks])
         hit = longest_hit(
             chain,
@@ -161,11 +182,41 @@ class HiStateRuntime:
             lambda h: self.tiers.tier_of(snap_key(h)),
             max_blocks=max_blocks,
         )
-        if hit.blocks <= local_blocks or hit.snapshot_tier is None:
-            return None
-        kv = [kv_key(h) for h in chain[local_blocks : hit.blocks]]
-        return LoadPlan(local_blocks, hit.blocks, kv, snap_key(chain[hit.blocks - 1]),
-                        hit.snapshot_tier)  # fmt: skip
+        plan = None
+        if hit.blocks > local_blocks and hit.snapshot_tier is not None:
+            kv = [kv_key(h) for h in chain[local_blocks : hit.blocks]]
+            plan = LoadPlan(local_blocks, hit.blocks, kv, snap_key(chain[hit.blocks - 1]),
+                            hit.snapshot_tier)  # fmt: skip
+        if tails is None:
+            return plan
+        best = hit.blocks if plan is not None else local_blocks
+        # a tail after `depth` blocks ends inside block `depth`: deeper always wins
+        for depth in range(min(hit.kv_blocks_present, max_blocks), best - 1, -1):
+            tail = self._tail_at(depth, tails)
+            if tail is not None:
+                kv = [kv_key(h) for h in chain[local_blocks:depth]]
+                length, name, tier = tail
+                return LoadPlan(local_blocks, depth, kv, tail_snap_key(name), tier,
+                                depth * block_size + length, tail_kv_key(name))  # fmt: skip
+        return plan
+
+    def _tail_at(self, depth: int, tails: TailsAt) -> tuple[int, str, str] | None:
+        """The longest tail after ``depth`` blocks with both items in a tier."""
+        for length, name in tails(depth):
+            snap = self.tiers.tier_of(tail_snap_key(name))
+            if snap is not None and self.tiers.tier_of(tail_kv_key(name)) == HOST:
+                return length, name, snap
+        return None
+
+    def add_tail(self, parent: str, length: int, name: str) -> None:
+        """Both items of a tail are indexed: offer it to lookups."""
+        self.tails.add(parent, length, name)
+
+    def _forget(self, key: str) -> None:
+        """``key`` left every tier: a tail it belonged to is no longer offered."""
+        for prefix in (tail_snap_key(""), tail_kv_key("")):
+            if key.startswith(prefix):
+                self.tails.discard(key[len(prefix) :])
 
     def pin(self, plan: LoadPlan) -> None:
         """Keep a planned hit's items from eviction until its load is sent."""
@@ -180,7 +231,8 @@ class HiStateRuntime:
         """Count a hit the scheduler committed to; an access for the policy."""
         now = self.now()
         kv_bytes = 0
-        for key in plan.kv_keys:
+        kv_keys = plan.keys()[:-1]
+        for key in kv_keys:
             item = self.tiers.host.get(key)
             kv_bytes += item.nbytes if item is not None else 0
             self.tiers.touch(key, now)
@@ -188,10 +240,10 @@ class HiStateRuntime:
         self.tiers.touch(plan.snapshot_key, now)
         host = plan.snapshot_tier == HOST
         self.counters.inc("hit_requests")
-        self.counters.inc("hit_tokens", (plan.blocks - plan.first) * block_size)
-        self.counters.inc("kv_blocks_loaded", len(plan.kv_keys))
+        self.counters.inc("hit_tokens", plan.end(block_size) - plan.first * block_size)
+        self.counters.inc("kv_blocks_loaded", len(kv_keys))
         self.counters.inc("snapshots_loaded_host" if host else "snapshots_loaded_ssd")
-        self.counters.inc("host_hits", len(plan.kv_keys) + host)
+        self.counters.inc("host_hits", len(kv_keys) + host)
         self.counters.inc("ssd_hits", not host)
         self.counters.inc("load_bytes_host", kv_bytes + (snap.nbytes if snap and host else 0))
         self.counters.inc("load_bytes_ssd", snap.nbytes if snap and not host else 0)
@@ -229,17 +281,24 @@ class HiStateRuntime:
         # must be written before its file is deleted
         self._ops += [(SPILL, item.key, "") for item in result.spilled]
         self._ops += [(DROP, item.key, "") for item in result.evicted]
+        for item in result.evicted:
+            self._forget(item.key)
         return True
 
     def spill_failed(self, key: str, code: int, nbytes: int) -> None:
         """The worker could not write ``key``'s file: forget it (ENOSPC: shrink the SSD tier)."""
         victims = self.tiers.write_failed(key, code, nbytes) if nbytes > 0 else []
         self._ops += [(DROP, item.key, "") for item in victims]
+        for item in victims:
+            self._forget(item.key)
+        if self.tiers.tier_of(key) is None:
+            self._forget(key)
 
     def unreadable(self, key: str) -> None:
         """A file could not be read back (corrupt, EIO, gone): never offer it again."""
         self.counters.inc("load_failures")
         self.tiers.remove(key)
+        self._forget(key)
         self._ops.append((DROP, key, ""))
 
     # ---- lifecycle

@@ -17,11 +17,13 @@ finds a shorter hit or a miss. So a load sent to the worker never fails.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_ext.histate.config import HiStateConfig
-from vllm_ext.histate.policy import Kind, kv_key, snap_key
+from vllm_ext.histate.lookup import ROOT, tail_hash
+from vllm_ext.histate.policy import DECODE_END, Kind, kv_key, snap_key, tail_kv_key, tail_snap_key
 from vllm_ext.histate.runtime import HOST, HiStateRuntime, LoadPlan, snapshot_reason
 from vllm_ext.histate.worker_store import DROP, STAGE, UNSTAGE, LoadJob
 
@@ -38,12 +40,23 @@ class _Pending:
     recompute_tokens: int
 
 
+# what else keys a request's tokens ``start..end`` (vLLM's block-hash extra keys); None
+# when tails are off for this engine
+TailExtra = Callable[[object, int, int], object] | None
+
+
 class SchedulerSide:
-    """Per-request bookkeeping of the scheduler half (one engine)."""
+    """Per-request bookkeeping of the scheduler half (one engine).
+
+    ``tail_extra`` turns on tails: the state at each request's exact end (not
+    block aligned) with the KV of its partial last block, stored when the
+    request finishes (its blocks are freed once the worker has copied them),
+    so the next turn of a conversation recomputes only its new tokens.
+    """
 
     def __init__(
         self, config: HiStateConfig, runtime: HiStateRuntime, block_size: int,
-        attn_group: int, mamba_group: int,
+        attn_group: int, mamba_group: int, tail_extra: TailExtra = None,
     ):  # fmt: skip
         self.config = config
         self.runtime = runtime
@@ -63,6 +76,11 @@ class SchedulerSide:
         self._staging: dict[str, tuple[str, str]] = {}
         self._staged: dict[str, tuple[str, str]] = {}
         self._stage_seq = itertools.count()
+        self._tail_extra = tail_extra
+        # finish-time stores, and the requests whose blocks they hold until copied
+        self._final_stores: list[tuple[str, int, int]] = []
+        self._releases: list[str] = []
+        self._tail_pending: dict[str, tuple[str, int, str]] = {}  # snapshot key -> tail
 
     def on_new_request(self, request) -> None:
         self._requests[request.request_id] = request
@@ -78,7 +96,7 @@ class SchedulerSide:
         cached = self._plans.get(req_id)
         if cached is not None and cached[0] == local and self._loadable(req_id, cached[1]):
             # asked again (e.g. no room this step): the plan is still pinned
-            return (cached[1].blocks - local) * bs, False
+            return cached[1].end(bs) - local * bs, False
         self._release_plan(req_id)
         # the last prompt token is always computed (it yields the first output token)
         max_blocks = (request.num_tokens - 1) // bs
@@ -86,7 +104,8 @@ class SchedulerSide:
         if req_id not in self._branch:
             self._branch[req_id] = self.runtime.branches.branch_point(chain, len(chain))
             self.runtime.branches.observe(chain)
-        plan = self.runtime.plan_load(chain, local, max_blocks)
+        tails = self._tails_of(request, chain) if self._tail_extra is not None else None
+        plan = self.runtime.plan_load(chain, local, max_blocks, tails, bs)
         if plan is None:
             self._unstage(req_id)
             return 0, False
@@ -94,9 +113,9 @@ class SchedulerSide:
         self._plans[req_id] = (local, plan)
         if plan.snapshot_tier == HOST:
             self._unstage(req_id)
-            return (plan.blocks - local) * bs, False
+            return plan.end(bs) - local * bs, False
         if self._loadable(req_id, plan):
-            return (plan.blocks - local) * bs, False
+            return plan.end(bs) - local * bs, False
         if self._staging.get(req_id, ("", ""))[1] != plan.snapshot_key:
             self._unstage(req_id)
             stage_id = f"{req_id}#{next(self._stage_seq)}"
@@ -112,19 +131,27 @@ class SchedulerSide:
         if num_external_tokens == 0:
             self.runtime.unpin(plan)
             return
-        if num_external_tokens != (plan.blocks - local) * self.block_size:
+        end = plan.end(self.block_size)
+        if num_external_tokens != end - local * self.block_size:
             raise RuntimeError(
                 f"HiState: vLLM allocated {num_external_tokens} external tokens for "
-                f"{request.request_id}, the plan covers {(plan.blocks - local) * self.block_size}"
+                f"{request.request_id}, the plan covers {end - local * self.block_size}"
             )
         block_ids = blocks.get_block_ids()
-        attn = block_ids[self.attn_group][local : plan.blocks]
+        # a tail's partial KV goes into block ``blocks``, after the full ones
+        last = plan.blocks + (plan.tail_kv_key is not None)
+        attn = block_ids[self.attn_group][local:last]
+        kv_keys = plan.keys()[:-1]
         mamba = block_ids[self.mamba_group]
-        # align mode: vLLM caches the boundary state in block ``blocks - 1`` and, before
-        # the forward (and before start_load_kv), copies that block into the request's
-        # running-state block (the last one); the load must fill both
-        state_blocks = (mamba[plan.blocks - 1], mamba[-1]) if len(mamba) > plan.blocks else (0,)
-        if len(attn) != len(plan.kv_keys) or 0 in attn or 0 in state_blocks:
+        # align mode: the state after ``end`` tokens lives in block ``(end - 1) // bs``
+        # and, before the forward (and before start_load_kv), vLLM copies it into the
+        # request's running-state block (the last one) when that is another: fill both
+        source = (end - 1) // self.block_size
+        if len(mamba) > source + 1:
+            state_blocks = (mamba[source], mamba[-1])
+        else:
+            state_blocks = (mamba[source],) if plan.tail_kv_key and len(mamba) > source else (0,)
+        if len(attn) != len(kv_keys) or 0 in attn or 0 in state_blocks:
             raise RuntimeError(
                 f"HiState: unexpected blocks for a {plan.blocks}-block hit of "
                 f"{request.request_id}: attention {attn}, recurrent {mamba}"
@@ -133,11 +160,11 @@ class SchedulerSide:
         if plan.snapshot_tier != HOST:
             stage_id = self._staged.pop(request.request_id)[0]  # the load frees the buffer
         self._loads.append(
-            LoadJob(request.request_id, list(zip(attn, plan.kv_keys, strict=True)),
+            LoadJob(request.request_id, list(zip(attn, kv_keys, strict=True)),
                     state_blocks, plan.snapshot_key, stage_id)
         )  # fmt: skip
         self._sent.append(plan)
-        self._last_snapshot[request.request_id] = plan.blocks
+        self._last_snapshot[request.request_id] = end // self.block_size
         self.runtime.record_hit(plan, self.block_size)
 
     def _loadable(self, req_id: str, plan: LoadPlan) -> bool:
@@ -159,6 +186,8 @@ class SchedulerSide:
     def build_connector_meta(self, scheduler_output, meta: HiStateMetadata) -> HiStateMetadata:
         """Fill ``meta`` (a fresh :class:`HiStateMetadata`) for this step."""
         meta.loads, self._loads = self._loads, []
+        meta.final_stores, self._final_stores = self._final_stores, []
+        meta.releases, self._releases = self._releases, []
         state = scheduler_output.kv_connector_block_state
         if state is not None:
             for req_id, n in scheduler_output.num_scheduled_tokens.items():
@@ -240,9 +269,15 @@ class SchedulerSide:
             if info is None:
                 self.runtime.queue_op((DROP, key, ""))  # nobody asked: free the copy
                 continue
-            self.runtime.stored(key, info.kind, nbytes, info.position, info.recompute_tokens)
+            indexed = self.runtime.stored(
+                key, info.kind, nbytes, info.position, info.recompute_tokens
+            )
+            tail = self._tail_pending.pop(key, None)
+            if tail is not None and indexed:
+                self.runtime.add_tail(*tail)
         for key in meta.failed:
             self._inflight.pop(key, None)
+            self._tail_pending.pop(key, None)
             self.counters.inc("store_failures")
         for stage_id, key in meta.staged:
             req_id = stage_id.rsplit("#", 1)[0]
@@ -257,12 +292,71 @@ class SchedulerSide:
         for key, code, nbytes in meta.spill_failed:
             self.runtime.spill_failed(key, code, nbytes)
 
-    def request_finished(self, request) -> None:
+    def request_finished(self, request, block_ids=None) -> bool:
+        """Forget the request; True if its blocks must wait for a finish-time copy."""
         req_id = request.request_id
+        held = block_ids is not None and self._plan_tail_store(request, block_ids)
         self._release_plan(req_id)
         self._unstage(req_id)
         for table in (self._requests, self._branch, self._last_snapshot):
             table.pop(req_id, None)
+        return held
+
+    # ---- tails
+    def _tail_name(self, request, chain: list[str], depth: int, length: int) -> str:
+        start = depth * self.block_size
+        parent = chain[depth - 1] if depth else ROOT
+        tokens = request.all_token_ids[start : start + length]
+        return tail_hash(parent, tokens, self._tail_extra(request, start, start + length))
+
+    def _tails_of(self, request, chain: list[str]):
+        """Candidate tails of ``request`` after each depth, ending before its last token."""
+
+        def at(depth: int) -> list[tuple[int, str]]:
+            parent = chain[depth - 1] if depth else ROOT
+            room = request.num_tokens - 1 - depth * self.block_size
+            lengths = [n for n in self.runtime.tails.lengths(parent) if n <= room]
+            return [(n, self._tail_name(request, chain, depth, n)) for n in lengths]
+
+        return at
+
+    def _plan_tail_store(self, request, block_ids) -> bool:
+        """Copy the state at the request's exact end and its partial KV block, once.
+
+        Only when no later token was forwarded (vLLM's rule for a finish-time
+        Mamba source: under async scheduling a step in flight moves the state on).
+        """
+        if self._tail_extra is None:
+            return False
+        end = request.num_computed_tokens
+        depth, length = divmod(end, self.block_size)
+        if (
+            length == 0  # block aligned: the boundary snapshot covers it
+            or getattr(request, "num_in_flight_tokens", 0)
+            or end > len(request.all_token_ids)
+            or depth > len(request.block_hashes)
+        ):
+            return False
+        attn, mamba = block_ids[self.attn_group], block_ids[self.mamba_group]
+        if len(attn) <= depth or len(mamba) <= depth or not attn[depth] or not mamba[depth]:
+            return False
+        chain = [bytes(h).hex() for h in request.block_hashes[:depth]]
+        name = self._tail_name(request, chain, depth, length)
+        snap, kv = tail_snap_key(name), tail_kv_key(name)
+        if snap in self._inflight or (self.runtime.has(snap) and self.runtime.has(kv)):
+            return False
+        if not self.runtime.admit(DECODE_END):
+            self.counters.inc("store_rejected")
+            return False
+        previous = self._last_snapshot.get(request.request_id, 0) * self.block_size
+        recompute = max(end - previous, 1)
+        self._final_stores += [(kv, self.attn_group, attn[depth]),
+                               (snap, self.mamba_group, mamba[depth])]  # fmt: skip
+        self._inflight[kv] = _Pending(Kind.KV, end, recompute)
+        self._inflight[snap] = _Pending(Kind.SNAPSHOT, end, recompute)
+        self._tail_pending[snap] = (chain[depth - 1] if depth else ROOT, length, name)
+        self._releases.append(request.request_id)
+        return True
 
     def idle_state(self) -> dict[str, int]:
         """Sizes of per-request bookkeeping (all 0 once no request is live; tests)."""

@@ -35,13 +35,14 @@ import torch
 
 from vllm_ext.common.log import get_logger
 from vllm_ext.histate.pages import PageCopier
-from vllm_ext.histate.policy import snap_key
+from vllm_ext.histate.policy import snap_key, tail_snap_key
 from vllm_ext.histate.snapfile import SnapshotStore
 
 logger = get_logger(__name__)
 
 DROP, SPILL, STAGE, UNSTAGE = "drop", "spill", "stage", "unstage"
 _SNAPSHOT_PREFIX = snap_key("")
+_TAIL_PREFIX = tail_snap_key("")
 
 
 @dataclass
@@ -181,6 +182,10 @@ class WorkerStore:
         if persist:
             written = 0
             for key, copy in list(self._host.items()):
+                # a tail's partial KV block lives in host memory only: its state alone
+                # could never be hit after a restart
+                if key.startswith(_TAIL_PREFIX):
+                    continue
                 if key.startswith(_SNAPSHOT_PREFIX) and self.ssd.put(key, memoryview(copy.numpy())):
                     written += 1
             logger.info("HiState: persisted %d host snapshots to %s", written, self.ssd.root)
