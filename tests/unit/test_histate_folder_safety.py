@@ -10,6 +10,7 @@ refusal protects: with it waived, the forged state is served.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -22,7 +23,7 @@ import pytest
 from vllm_ext.common.config import ConfigError
 from vllm_ext.histate import snapfile
 from vllm_ext.histate.config import HiStateConfig
-from vllm_ext.histate.folder_safety import FolderPolicy, folder_refusal
+from vllm_ext.histate.folder_safety import PRIVATE, FolderPolicy, folder_refusal
 from vllm_ext.histate.snapfile import SnapshotStore, pack_arrays, scan
 
 pytestmark = pytest.mark.unit
@@ -59,7 +60,7 @@ def _mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-def _refused(ssd, access=FolderPolicy(), match="unsafe"):
+def _refused(ssd, access=PRIVATE, match="unsafe"):
     with pytest.raises(ConfigError, match=match) as err:
         scan(ssd, NS, access=access)
     assert "\n" not in str(err.value)
@@ -113,10 +114,14 @@ def test_group_writable_folder_is_refused_unless_group_shared(planted):
     assert SnapshotStore(ssd, NS, access=FolderPolicy(shared_group=True)).get(HOT) == FORGED
 
 
-@pytest.mark.parametrize("what", ["root", "namespace folder", "snapshot file"])
+@pytest.mark.parametrize(
+    "what", ["root", "namespace folder", "snapshot file", "fingerprint cache"]
+)
 def test_foreign_owned_folder_or_file_is_refused(planted, what):
     ssd, path = planted
-    target = {"root": ssd, "namespace folder": path.parent, "snapshot file": path}[what]
+    (ssd / "weights-fingerprints.json").write_text("{}")
+    target = {"root": ssd, "namespace folder": path.parent, "snapshot file": path,
+              "fingerprint cache": ssd / "weights-fingerprints.json"}[what]  # fmt: skip
     os.chown(target, NOBODY, NOBODY)
     _refused(ssd, match=f"owned by uid {NOBODY}")
     # another user outside our groups is not a group member either
@@ -129,7 +134,7 @@ def test_a_link_planted_for_a_subfolder_is_refused(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (ssd / snapfile.QUARANTINE).symlink_to(elsewhere)
-    _refused(ssd, match="not a folder")
+    _refused(ssd, match="is a link")
 
 
 def test_a_parent_others_may_write_is_refused_unless_sticky(tmp_path):
@@ -166,7 +171,7 @@ def test_config_fields_and_the_serve_preflight(planted):
 def test_vllm_ext_serve_refuses_the_folder_before_vllm_starts(planted):
     ssd, _ = planted
     os.chmod(ssd, 0o777)
-    block = '{"histate": {"directory": "%s"}}' % ssd
+    block = json.dumps({"histate": {"directory": str(ssd)}})
     run = subprocess.run(
         [sys.executable, "-m", "vllm_ext.cli", "serve", "m", "--plugins", "histate",
          "--dry-run", "--additional-config", block],

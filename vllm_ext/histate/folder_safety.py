@@ -115,12 +115,20 @@ def check_folder(directory: str | os.PathLike[str], policy: FolderPolicy) -> Non
     )  # fmt: skip
 
 
+def ensure_safe_folder(config: Any) -> None:
+    """:func:`check_folder` of a ``HiStateConfig``'s SSD folder, if it has an SSD tier.
+
+    The connector calls it first thing, before the namespace is derived (that reads
+    ``weights-fingerprints.json`` from the folder) and before any snapshot header is read.
+    """
+    if config.directory is not None and config.ssd_bytes > 0:
+        check_folder(config.directory, FolderPolicy.of(config))
+
+
 def folder_refusal(config: Any) -> str | None:
     """:func:`check_folder` of a ``HiStateConfig`` as a message (None: safe or no SSD tier)."""
-    if config.directory is None or config.ssd_bytes == 0:
-        return None
     try:
-        check_folder(config.directory, FolderPolicy.of(config))
+        ensure_safe_folder(config)
     except ConfigError as exc:
         return str(exc)
     return None
@@ -136,11 +144,15 @@ def _first_problem(root: Path, policy: FolderPolicy, narrowed: list[Path]) -> st
     if problem:
         return problem
     _tighten(root, os.stat(root), policy.dir_mode, narrowed)
+    # the root's own files too: weights-fingerprints.json decides which namespace is ours
+    problem = _files_problem(root, policy, narrowed)
+    if problem:
+        return problem
     for pattern in SUBFOLDERS:
         for sub in sorted(root.glob(pattern)):
             info = os.lstat(sub)
             if not stat.S_ISDIR(info.st_mode):
-                return f"{sub} is not a folder (a link or file put there)"
+                return f"{sub} is not a folder (a link or a file put there)"
             problem = _entry_problem(sub, info, policy, "folder") or _files_problem(
                 sub, policy, narrowed
             )
@@ -156,7 +168,10 @@ def _files_problem(folder: Path, policy: FolderPolicy, narrowed: list[Path]) -> 
             info = os.lstat(path)
         except FileNotFoundError:
             continue  # removed by a live writer meanwhile
-        problem = _entry_problem(path, info, policy, "file")
+        if stat.S_ISLNK(info.st_mode):
+            return f"{path} is a link, which HiState never makes (someone else put it there)"
+        kind = "folder" if stat.S_ISDIR(info.st_mode) else "file"
+        problem = _entry_problem(path, info, policy, kind)
         if problem:
             return problem
         if stat.S_ISREG(info.st_mode):
