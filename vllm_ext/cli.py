@@ -16,6 +16,7 @@ import sys
 
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.systems import additional_config_from_argv, validate_additional_config
+from vllm_ext.histate.folder_safety import folder_refusal
 from vllm_ext.launcher import SYSTEMS, LaunchError, compose, parse_plugin_list
 from vllm_ext.leap import runner_gate
 from vllm_ext.patches import vllm_cpu_cli_version
@@ -50,7 +51,7 @@ def serve(argv: list[str]) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
     args, vllm_args = parser.parse_known_args(argv)
     try:
-        validate_additional_config(
+        configs = validate_additional_config(
             additional_config_from_argv(vllm_args) or {}, os.environ
         )
     except ConfigError as exc:
@@ -63,6 +64,9 @@ def serve(argv: list[str]) -> int:
     except LaunchError as exc:
         parser.error(str(exc))
     refused = runner_gate.argv_refusal(vllm_args) if "leap" in plugins else None
+    if refused is None and "histate" in plugins:
+        # a folder others could write may already hold planted snapshots: refuse before vLLM
+        refused = folder_refusal(configs["histate"])
     if refused is not None:
         sys.stderr.write(f"vllm-ext serve: error: {refused}\n")
         return 2

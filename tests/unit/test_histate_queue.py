@@ -42,7 +42,8 @@ def test_public_keys_are_the_tiers_policy_and_fsync():
     from vllm_ext.common.config import is_experimental
 
     public = {f.name for f in dataclasses.fields(HiStateConfig) if not is_experimental(f)}
-    assert public == {"host_bytes", "ssd_bytes", "directory", "policy", "fsync"}
+    assert public == {"host_bytes", "ssd_bytes", "directory", "policy", "fsync",
+                      "shared_group", "allow_unsafe_directory"}  # fmt: skip
     with pytest.raises(ConfigError, match=r"'time_weight' .* is experimental"):
         load_histate_config({"time_weight": 2}, environ={})
 

@@ -76,7 +76,10 @@ def test_a_bad_key_inside_a_block_names_it_and_the_valid_ones():
         validate_additional_config({"histate": {"host_byte": 1}}, environ={})
     message = str(err.value)
     assert "'host_byte'" in message and "did you mean 'host_bytes'" in message
-    assert "valid: directory, fsync, host_bytes, policy, ssd_bytes, experimental" in message
+    assert (
+        "valid: allow_unsafe_directory, directory, fsync, host_bytes, policy, shared_group, "
+        "ssd_bytes, experimental"
+    ) in message
 
 
 @pytest.mark.parametrize("additional", [[], "leap", {"leap": "w.npz"}, {"flide": [1]}])

@@ -27,6 +27,7 @@ from vllm_ext.acct import checkpoint as ckpt
 from vllm_ext.acct.converter import Converters, RidgeAccumulator
 from vllm_ext.acct.data import Window
 from vllm_ext.acct.llama import KV, TorchLlama, concat_kv, slice_kv
+from vllm_ext.common.resume_file import load_resume_state
 
 TRAINER_FILE = "trainer.pt"
 
@@ -161,7 +162,7 @@ class Trainer:
         state_file = self.out / TRAINER_FILE
         if not state_file.is_file():
             return False
-        state = torch.load(state_file, weights_only=False)
+        state = load_resume_state(state_file)
         fixed, saved = _run_identity(asdict(self.settings)), _run_identity(state["settings"])
         if fixed != saved:
             raise ValueError(f"{state_file} was written with other settings: {saved}")

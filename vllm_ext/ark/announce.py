@@ -13,12 +13,17 @@ Wire format (JSON, one object per datagram, at most ``max_datagram`` bytes)::
      "transfers": [{"id", "src", "dst", "bytes", "start_in", "end_in",
                     "port", "dst_port", "spine"}], "ids": ["<withdrawn id>", ...]}
 
+With a shared secret (:mod:`vllm_ext.ark.auth`) each datagram is the JSON
+followed by a 32-byte HMAC-SHA256 tag over it.
+
 A datagram is dropped and counted (never raised) when it is larger than the
-limit or lists too many transfers (``huge``), is not valid JSON or fails the
-schema (``malformed``), or names a peer that is not configured or comes from
-another address than that peer's (``unknown_peer``). UDP may lose datagrams;
-a lost announcement only makes a view less complete, never wrong for long
-(entries expire, announcements are re-sent with every update).
+limit or lists too many transfers (``huge``), lacks a valid tag where a secret
+is configured (``bad_mac``: checked before the JSON is parsed), is not valid
+JSON or fails the schema (``malformed``), or names a peer that is not
+configured or comes from another address than that peer's (``unknown_peer``).
+UDP may lose datagrams; a lost announcement only makes a view less complete,
+never wrong for long (entries expire, announcements are re-sent with every
+update).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from vllm_ext.ark.auth import ANNOUNCE_LABEL, TAG_BYTES, tag, verify
 from vllm_ext.ark.counters import drop_counter, new_counters
 from vllm_ext.ark.fabric import Transfer
 from vllm_ext.ark.view import PeerView
@@ -126,7 +132,8 @@ class Announcer:
     """One sender's UDP endpoint: announces its transfers, merges its peers' into ``view``.
 
     ``poll()`` processes whatever has arrived (tests drive it directly);
-    ``start()`` runs it on a daemon thread that also sends heartbeats.
+    ``start()`` runs it on a daemon thread that also sends heartbeats. ``secret``: tag what
+    it sends and accept only datagrams tagged with it.
     """
 
     CHUNK = 16  # transfers per datagram, well under MAX_TRANSFERS and 8 KiB
@@ -142,8 +149,10 @@ class Announcer:
         clock: Callable[[], float] = time.monotonic,
         max_datagram: int = 8192,
         heartbeat_s: float = 0.5,
+        secret: bytes | None = None,
     ):
         self.peer_id = peer_id
+        self.secret = secret
         self.view = view if view is not None else PeerView()
         self.counters = counters if counters is not None else new_counters()
         self.clock = clock
@@ -165,6 +174,8 @@ class Announcer:
             self.peers[peer_id] = (socket.gethostbyname(host), int(port))
 
     def _send(self, payload: bytes, counted: bool = True) -> None:
+        if self.secret is not None:
+            payload += tag(self.secret, ANNOUNCE_LABEL, payload)
         with self._send_lock:
             for address in self.peers.values():
                 try:
@@ -201,6 +212,8 @@ class Announcer:
         """Merge one datagram; False (and counted) when it was dropped."""
         now = self.clock()
         try:
+            if self.secret is not None:
+                data = self._authenticated(data)
             message = decode(data, now, self.max_datagram)
             known = self.peers.get(message["peer"])
             if known is None or known[0] != address[0]:
@@ -218,6 +231,15 @@ class Announcer:
             self.counters.inc("announcements_received")
         return True
 
+    def _authenticated(self, data: bytes) -> bytes:
+        """The JSON of a tagged datagram whose tag is right; raises :class:`Dropped`."""
+        if len(data) > self.max_datagram + TAG_BYTES:
+            raise Dropped("huge", f"{len(data)} bytes > {self.max_datagram + TAG_BYTES}")
+        body, received = data[:-TAG_BYTES], data[-TAG_BYTES:]
+        if len(data) <= TAG_BYTES or not verify(self.secret, ANNOUNCE_LABEL, received, body):
+            raise Dropped("bad_mac", "missing or wrong HMAC tag")
+        return body
+
     def poll(self, timeout: float = 0.0) -> int:
         """Handle every datagram that arrives within ``timeout`` s (returns at the first
         batch); the number handled, dropped ones included."""
@@ -228,7 +250,7 @@ class Announcer:
             return 0
         while ready:
             try:
-                data, address = self._sock.recvfrom(self.max_datagram + 1)
+                data, address = self._sock.recvfrom(self.max_datagram + TAG_BYTES + 1)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:

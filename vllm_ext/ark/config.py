@@ -50,6 +50,19 @@ class ArkConfig:
         "agent, 5 with vLLM's num_threads=4; at most 16 ports); with fabric_file each NIXL "
         "connection's port is planned from the path map; None: per-peer candidate ports",
     )
+    kv_senders: tuple[str, ...] = option(
+        (),
+        doc="decode side: IPv4 addresses of the prefill instances allowed to send KV frames; "
+        "connections from any other address are closed unread; empty: any address "
+        "(a warning at start)",
+    )
+    secret_file: str | None = option(
+        None,
+        doc="file holding a shared secret (>= 16 bytes, the same on every instance; set this "
+        "key or VLLMEXT_ARK_SECRET_FILE, never the secret itself): every KV frame and "
+        "announcement carries an HMAC-SHA256 tag, and one without a valid tag is dropped and "
+        "counted; None: unauthenticated (a warning at start)",
+    )
     load_timeout_s: float = option(
         30.0,
         doc="decode side: give up waiting for a transfer's KV after this long "
@@ -71,6 +84,18 @@ class ArkConfig:
             )
         for peer in self.peers:
             parse_endpoint(peer)
+        for sender in self.kv_senders:
+            try:
+                ipaddress.IPv4Address(sender)
+            except ValueError:
+                message = f"ArkConfig.kv_senders: {sender!r} is not an IPv4 address"
+                raise ConfigError(message) from None
+        if self.secret_file is not None and (
+            not isinstance(self.secret_file, str) or not self.secret_file
+        ):
+            raise ConfigError(
+                f"ArkConfig.secret_file must be a file path, got {self.secret_file!r}"
+            )
         if self.min_bytes < 0:
             raise ConfigError(f"ArkConfig.min_bytes must be >= 0, got {self.min_bytes}")
         if self.nixl_listener_ports is not None and not 1 <= len(self.listener_ports) <= 16:

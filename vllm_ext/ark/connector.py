@@ -25,7 +25,10 @@ Decode, scheduler side: a request with ``do_remote_prefill`` offers its whole
 prompt as an asynchronous external hit (vLLM recomputes the last token);
 worker: frames arrive on the :class:`~vllm_ext.ark.transport.KvReceiver`
 (``host:data_port``) and are written into the request's blocks when both the
-frame and the load order are there. A frame that never comes within
+frame and the load order are there. Only the ``kv_senders`` may connect, and
+with ``secret_file`` every frame and announcement must carry the secret's HMAC
+(:mod:`~vllm_ext.ark.auth`); a forged frame is dropped and counted, so the
+request takes its own frame, or none and is recomputed. A frame that never comes within
 ``load_timeout_s`` or does not fit this cache is a load error: vLLM
 recomputes or fails the request per ``kv_load_failure_policy``.
 
@@ -57,6 +60,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from vllm_ext.ark.announce import Announcer
+from vllm_ext.ark.auth import load_secret
 from vllm_ext.ark.blocks import LayoutMismatch, block_dim, gather, manager_block_view, scatter
 from vllm_ext.ark.config import load_ark_config, parse_endpoint
 from vllm_ext.ark.counters import COUNTER_SPECS, SYSTEM
@@ -131,6 +135,7 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         self.bytes_per_block = spec.page_size_bytes * len(groups[0].layer_names)
         self._max_model_len = vllm_config.model_config.max_model_len
         self._rng = random.Random()
+        self._secret = self._load_secret()
         # scheduler side
         self._planned: dict[str, _Planned] = {}
         self._staged: dict[str, _Planned] = {}
@@ -150,6 +155,17 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         self._pending: dict[str, tuple[LoadJob, float]] = {}
         self._load_errors: set[int] = set()
 
+    def _load_secret(self) -> bytes | None:
+        cfg = self.config
+        if cfg.secret_file is not None:
+            return load_secret(cfg.secret_file)
+        logger.warning(
+            "ARK: no secret_file: KV frames and announcements are not authenticated; anyone "
+            "who reaches this instance's ARK ports can %s (see docs/security.md)",
+            "steer its port planner" if self.producer else "hand it forged KV for a request",
+        )  # fmt: skip
+        return None
+
     def _start_planner(self) -> None:
         cfg = self.config
         fabric, paths = Fabric({}, 1), LearnedMap()
@@ -161,7 +177,7 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         peers = {peer: parse_endpoint(peer) for peer in cfg.peers}
         me = f"{cfg.host}:{cfg.announce_port}"
         self.announcer = Announcer(me, cfg.host, cfg.announce_port, peers,
-                                   counters=self.counters).start()  # fmt: skip
+                                   counters=self.counters, secret=self._secret).start()  # fmt: skip
         self.selector = PortSelector(self.announcer, fabric, paths, min_bytes=cfg.min_bytes)
         logger.info(
             "ARK: planning source ports %d-%d from %s; announcing on %s:%d to %d peers",
@@ -260,15 +276,21 @@ class ArkConnector(PublishesCounters, KVConnectorBase_V1):
         self._dims = {name: block_dim(t.shape, self.num_blocks) for name, t in self._kv.items()}
         cfg = self.config
         if self.producer:
-            self.sender = KvSender(cfg.host, counters=self.counters)
+            self.sender = KvSender(cfg.host, counters=self.counters, secret=self._secret)
         else:
             # no frame can be larger than a max-length prompt's blocks: a bigger one is refused
             # before any memory is allocated for it
             max_blocks = math.ceil(self._max_model_len / self.block_size)
             self.receiver = KvReceiver(cfg.host, cfg.data_port, ttl_s=cfg.load_timeout_s,
                                        max_payload=max_blocks * self.bytes_per_block,
-                                       counters=self.counters)  # fmt: skip
-            logger.info("ARK: receiving KV on %s:%d", *self.receiver.address)
+                                       counters=self.counters,
+                                       allowed_hosts=cfg.kv_senders or None,
+                                       secret=self._secret)  # fmt: skip
+            logger.info("ARK: receiving KV on %s:%d from %s", *self.receiver.address,
+                        ", ".join(cfg.kv_senders) or "any address")  # fmt: skip
+            if not cfg.kv_senders:
+                logger.warning("ARK: kv_senders is empty: KV frames are accepted from any "
+                               "address that reaches %s:%d", *self.receiver.address)  # fmt: skip
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         meta = self._get_connector_metadata()

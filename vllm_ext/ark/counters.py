@@ -5,7 +5,7 @@ from __future__ import annotations
 from vllm_ext.common.counters import Counters, CounterSpec
 
 SYSTEM = "ark"
-DROP_REASONS = ("malformed", "huge", "unknown_peer", "overflow")
+DROP_REASONS = ("malformed", "huge", "unknown_peer", "overflow", "bad_mac")
 DROPPED = "announcements_dropped"  # labelled family: DROPPED + "_" + reason internally
 COUNTER_SPECS = (
     CounterSpec("planned", "transfers whose source port ARK planned from its view"),
@@ -20,6 +20,14 @@ COUNTER_SPECS = (
     CounterSpec("bind_fallbacks", "planned ports that were busy; sent from an ephemeral port"),
     CounterSpec("frames_rejected", "received KV frames dropped: malformed, too large, or expired"),
     CounterSpec("transfers_received", "KV transfers received by this consumer"),
+    CounterSpec(
+        "frames_unknown_sender",
+        "KV connections refused unread: the sender's address is not in kv_senders",
+    ),
+    CounterSpec(
+        "frames_unauthenticated",
+        "received KV frames dropped: missing or wrong HMAC tag (forged, altered, other secret)",
+    ),
     CounterSpec("load_timeouts", "requests whose KV never arrived in time (recomputed)"),
 )
 

@@ -2,7 +2,7 @@
 
 ``vllm_ext:ark_<name>_total`` per counter, except the announcement drops:
 ``vllm_ext:ark_announcements_dropped_total{reason="malformed"|"huge"|"unknown_peer"|
-"overflow"}``. Extends vLLM's ``KVConnectorPromMetrics`` (checked on 0.32.0)
+"overflow"|"bad_mac"}``. Extends vLLM's ``KVConnectorPromMetrics`` (checked on 0.32.0)
 like :mod:`vllm_ext.common.prom`, whose stats plumbing ARK reuses.
 """
 

@@ -12,6 +12,14 @@ Frame: ``b"ARK1"``, header length (u32), payload length (u64), a JSON header
 frames with a bad magic, an oversized header or payload, or bad JSON, and
 closes that connection; complete frames wait in memory, keyed by transfer id,
 until taken or until ``ttl_s`` passes.
+
+Who may send (:mod:`vllm_ext.ark.auth`): a receiver given ``allowed_hosts``
+closes connections from any other address before reading a byte
+(``frames_unknown_sender``). With a shared ``secret`` the magic is ``b"ARKH"``
+and the payload is followed by an HMAC-SHA256 tag over prefix, header and
+payload; a frame whose tag is missing or wrong is dropped before its header is
+parsed (``frames_unauthenticated``), so a forged frame never reaches the
+transfer it names and the request's own frame is still taken.
 """
 
 from __future__ import annotations
@@ -23,14 +31,18 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_ext.ark.auth import FRAME_LABEL, TAG_BYTES, tag, verify
 from vllm_ext.ark.counters import new_counters
 from vllm_ext.common.counters import Counters
+from vllm_ext.common.log import get_logger
 
-MAGIC = b"ARK1"
+logger = get_logger(__name__)
+
+MAGIC, MAGIC_MAC = b"ARK1", b"ARKH"
 _PREFIX = struct.Struct("!4sIQ")
 MAX_HEADER = 64 << 10
 ACK, NACK = b"A", b"N"
@@ -46,6 +58,18 @@ class Arrived:
     peer: tuple[str, int]  # the sender's address as seen here: its source port is on the wire
 
 
+def _parse_header(header: bytearray) -> tuple[str, dict] | None:
+    """``(transfer_id, meta)`` of a JSON header, or None when it is not one."""
+    try:
+        decoded = json.loads(header)
+        transfer_id, meta = decoded["transfer_id"], decoded["meta"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(transfer_id, str) or not transfer_id or not isinstance(meta, dict):
+        return None
+    return transfer_id, meta
+
+
 def _recv_into(conn: socket.socket, view: memoryview) -> bool:
     while len(view):
         got = conn.recv_into(view)
@@ -56,12 +80,21 @@ def _recv_into(conn: socket.socket, view: memoryview) -> bool:
 
 
 class KvReceiver:
-    """Accepts frames on ``host:port`` (port 0: any free port, see ``address``)."""
+    """Accepts frames on ``host:port`` (port 0: any free port, see ``address``).
+
+    ``allowed_hosts``: the only sender addresses accepted (None: any). ``secret``: frames
+    must carry its HMAC tag (None: untagged frames).
+    """
 
     def __init__(self, host: str, port: int, max_payload: int = 16 << 30, ttl_s: float = 60.0,
-                 counters: Counters | None = None, clock=time.monotonic):  # fmt: skip
+                 counters: Counters | None = None, clock=time.monotonic,
+                 allowed_hosts: Collection[str] | None = None,
+                 secret: bytes | None = None):  # fmt: skip
         self.max_payload, self.ttl_s, self.clock = max_payload, ttl_s, clock
         self.counters = counters if counters is not None else new_counters()
+        self.allowed_hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
+        self.secret = secret
+        self._warned: set[tuple[str, str]] = set()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
@@ -78,9 +111,15 @@ class KvReceiver:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                conn, address = self._sock.accept()
             except OSError:
                 return
+            if self.allowed_hosts is not None and address[0] not in self.allowed_hosts:
+                # not one of our senders: nothing it sends is read
+                self.counters.inc("frames_unknown_sender")
+                self._warn_once(address[0], "its address is not in kv_senders")
+                conn.close()
+                continue
             with self._cond:
                 if self._closed:
                     conn.close()
@@ -102,34 +141,52 @@ class KvReceiver:
                 self._conns.discard(conn)
             conn.close()
 
-    def _reject(self, conn: socket.socket) -> bool:
-        self.counters.inc("frames_rejected")
+    def _reject(self, conn: socket.socket, counter: str = "frames_rejected") -> bool:
+        self.counters.inc(counter)
         try:
             conn.sendall(NACK)
         except OSError:
             pass
         return False
 
+    def _warn_once(self, host: str, why: str) -> None:
+        if (host, why) not in self._warned:
+            self._warned.add((host, why))
+            logger.warning("ARK: dropping KV frames from %s: %s", host, why)
+
     def _read_frame(self, conn: socket.socket, peer: tuple[str, int]) -> bool:
         prefix = bytearray(_PREFIX.size)
         if not _recv_into(conn, memoryview(prefix)):
             return False
         magic, header_len, payload_len = _PREFIX.unpack(prefix)
-        if magic != MAGIC or header_len > MAX_HEADER or payload_len > self.max_payload:
+        expected = MAGIC if self.secret is None else MAGIC_MAC
+        if magic in (MAGIC, MAGIC_MAC) and magic != expected:
+            self._warn_once(peer[0], "untagged frame" if self.secret else "tagged frame, no secret")
+            return self._reject(conn, "frames_unauthenticated")
+        if magic != expected or header_len > MAX_HEADER or payload_len > self.max_payload:
             return self._reject(conn)
         header = bytearray(header_len)
         if not _recv_into(conn, memoryview(header)):
             return False
-        try:
-            decoded = json.loads(header)
-            transfer_id, meta = decoded["transfer_id"], decoded["meta"]
-            if not isinstance(transfer_id, str) or not transfer_id or not isinstance(meta, dict):
-                raise ValueError("bad header fields")
-        except (ValueError, KeyError, TypeError):
+        # untagged: refuse a bad header before allocating the payload; tagged: parse nothing
+        # before the tag is checked
+        parsed = _parse_header(header) if self.secret is None else None
+        if self.secret is None and parsed is None:
             return self._reject(conn)
         payload = bytearray(payload_len)
         if not _recv_into(conn, memoryview(payload)):
             return False
+        if self.secret is not None:
+            received = bytearray(TAG_BYTES)
+            if not _recv_into(conn, memoryview(received)):
+                return False
+            if not verify(self.secret, FRAME_LABEL, bytes(received), prefix, header, payload):
+                self._warn_once(peer[0], "wrong HMAC tag (forged, altered, or another secret)")
+                return self._reject(conn, "frames_unauthenticated")
+            parsed = _parse_header(header)
+            if parsed is None:
+                return self._reject(conn)
+        transfer_id, meta = parsed
         with self._cond:
             self._arrived[transfer_id] = Arrived(transfer_id, meta, payload, self.clock(), peer)
             self._cond.notify_all()
@@ -196,11 +253,16 @@ class _Lane:
 
 
 class KvSender:
-    """Sends frames from ``src_host`` on lanes keyed by (destination, source port)."""
+    """Sends frames from ``src_host`` on lanes keyed by (destination, source port).
+
+    ``secret``: tag every frame with its HMAC (the receivers must hold the same secret).
+    """
 
     def __init__(self, src_host: str, counters: Counters | None = None,
-                 connect_timeout_s: float = 10.0, io_timeout_s: float = 120.0):  # fmt: skip
+                 connect_timeout_s: float = 10.0, io_timeout_s: float = 120.0,
+                 secret: bytes | None = None):  # fmt: skip
         self.src_host = src_host
+        self.secret = secret
         self.counters = counters if counters is not None else new_counters()
         self.connect_timeout_s, self.io_timeout_s = connect_timeout_s, io_timeout_s
         self._lanes: dict[tuple[str, int, int], _Lane] = {}
@@ -272,12 +334,15 @@ class KvSender:
         if lane.sock is not None:
             lane.sock.close()
 
-    @staticmethod
-    def _send_frame(sock: socket.socket, job: _Job) -> bool:
+    def _send_frame(self, sock: socket.socket, job: _Job) -> bool:
         header = json.dumps({"transfer_id": job.transfer_id, "meta": job.meta}).encode()
         payload = memoryview(job.payload).cast("B")
-        sock.sendall(_PREFIX.pack(MAGIC, len(header), len(payload)) + header)
+        magic = MAGIC if self.secret is None else MAGIC_MAC
+        prefix = _PREFIX.pack(magic, len(header), len(payload))
+        sock.sendall(prefix + header)
         sock.sendall(payload)
+        if self.secret is not None:
+            sock.sendall(tag(self.secret, FRAME_LABEL, prefix, header, payload))
         return sock.recv(1) == ACK
 
     def lanes(self) -> dict[tuple[str, int, int], int]:

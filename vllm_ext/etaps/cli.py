@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_ext.common.resume_file import load_resume_state
 from vllm_ext.etaps.pruner import PruneSettings
 
 METHODS = ("etaps", "wanda", "sparsegpt", "magnitude", "admm")
@@ -168,7 +169,7 @@ def _reexport(model, base: Path, out: Path) -> int:
     from vllm_ext.etaps.export import export_state
     from vllm_ext.etaps.pruner import StagedPruner
 
-    state = torch.load(out / "state.pt", weights_only=False)
+    state = load_resume_state(out / "state.pt")
     saved = state["settings"]
     settings = PruneSettings(**{**saved, "checkpoints": tuple(saved["checkpoints"])})
     pruner = StagedPruner(model, settings, out)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from vllm_ext.common.resume_file import load_resume_state
 from vllm_ext.etaps.model_io import prunable_linears
 from vllm_ext.etaps.schedule import sparsity_schedule
 from vllm_ext.etaps.scores import etaps_score, row_mask
@@ -212,7 +213,7 @@ class StagedPruner:
         path = self.out / "state.pt"
         if not path.exists():
             return False
-        state = torch.load(path, weights_only=False)
+        state = load_resume_state(path)
         if state["settings"] != dataclasses.asdict(self.settings):
             raise ValueError(f"{path} was written with other settings: {state['settings']}")
         with torch.no_grad():

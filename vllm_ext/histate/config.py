@@ -53,6 +53,16 @@ class HiStateConfig:
         doc="eviction/admission policy of the host and SSD tiers (lru and marconi: baselines)",
     )
     fsync: bool = option(True, doc="fsync snapshot files and the folder before they count")
+    shared_group: bool = option(
+        False,
+        doc="SSD folder shared by one group: folders 0750 and files 0640 (else 0700/0600), "
+        "and folders writable by, or owned by another member of, a group we are in are accepted",
+    )
+    allow_unsafe_directory: bool = option(
+        False,
+        doc="start with an SSD folder that other users could write (owned by another user, "
+        "writable by group or world) with a warning instead of refusing: they could plant states",
+    )
     time_weight: float = option(
         1.0,
         experimental=True,
@@ -127,7 +137,10 @@ class HiStateConfig:
         _check_float("ssd_read_latency_s", self.ssd_read_latency_s, lambda v: v >= 0, ">= 0")
         _check_float("marconi_alpha", self.marconi_alpha, lambda v: v >= 0, ">= 0")
         _check_float("evict_slack", self.evict_slack, lambda v: 0 <= v <= 0.5, "in [0, 0.5]")
-        for name in ("spill_to_ssd", "fsync", "release_device_snapshots"):
+        for name in (
+            "spill_to_ssd", "fsync", "release_device_snapshots", "shared_group",
+            "allow_unsafe_directory",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"HiStateConfig.{name} must be a boolean, got {getattr(self, name)!r}"

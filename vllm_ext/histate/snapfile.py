@@ -18,6 +18,11 @@ or layout a miss, never a wrong hit; the length catches truncation; the two
 CRCs catch torn or flipped bytes (vLLM's FS tier has no checksum, so a
 renamed-but-unflushed file reads as garbage; reliability.md 7.1).
 
+Who may read and write the folder (:mod:`vllm_ext.histate.folder_safety`): folders
+are created ``0700`` and files ``0600`` (``0750``/``0640`` for a group-shared cache),
+and a folder tree someone else could have written (a planted file would pass every
+check below) is refused before any header is read.
+
 Writes go to ``<name>.<writer>.<random>.tmp`` (``O_EXCL``), are fsynced,
 atomically renamed and the folder fsynced, so a file under its final name is
 always complete. Each store is one writer: it holds an exclusive ``flock`` on
@@ -56,6 +61,7 @@ import numpy as np
 from vllm_ext.common.counters import Counters
 from vllm_ext.common.log import get_logger
 from vllm_ext.histate.counters import new_counters
+from vllm_ext.histate.folder_safety import PRIVATE, FolderPolicy, check_folder, make_folder
 from vllm_ext.histate.namespaces import namespace_of, superseded
 
 logger = get_logger(__name__)
@@ -132,12 +138,16 @@ def namespace_folder(directory: str | os.PathLike[str], namespace: str) -> Path:
     return Path(directory) / f"ns-{namespace_id(namespace=namespace)}"
 
 
-def scan(directory: str | os.PathLike[str], namespace: str) -> dict[str, int]:
+def scan(
+    directory: str | os.PathLike[str], namespace: str, *, access: FolderPolicy = PRIVATE
+) -> dict[str, int]:
     """Key -> payload bytes of the valid-looking files, read-only (headers only).
 
     For a reader that does not own the files (the connector's scheduler half):
     nothing is moved or deleted; the owning :class:`SnapshotStore` quarantines.
+    An unsafe folder is refused first (:func:`~vllm_ext.histate.folder_safety.check_folder`).
     """
+    check_folder(directory, access)
     return _read_headers(namespace_folder(directory, namespace), namespace)[0]
 
 
@@ -172,13 +182,15 @@ class SnapshotStore:
             names the sub-folder.
         fsync: make every write durable before it counts. Default: True.
         counters: where failures and I/O are counted. Default: a fresh set.
+        access: modes to create with, owners and modes to accept. Default: private (0700/0600).
     """
 
     def __init__(
         self, directory: str | os.PathLike[str], namespace: str, *, fsync: bool = True,
-        counters: Counters | None = None,
+        counters: Counters | None = None, access: FolderPolicy = PRIVATE,
     ):  # fmt: skip
         self.namespace = namespace
+        self.access = access
         self.root = namespace_folder(directory, namespace)
         self.quarantine_dir = Path(directory) / QUARANTINE
         self.fsync = fsync
@@ -187,7 +199,10 @@ class SnapshotStore:
         # key -> payload bytes of files known to be complete under their final name
         self._index: dict[str, int] = {}
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_folder(Path(directory), access)
+            # before anything in it is read: a folder others could write may hold planted files
+            check_folder(directory, access)
+            make_folder(self.root, access)
         except OSError as exc:
             # a bad folder is a configuration error: refuse at start, not per request
             raise ValueError(f"HiState SSD directory {directory!s} is not usable: {exc}") from exc
@@ -229,7 +244,7 @@ class SnapshotStore:
         final = self.path(key)
         tmp = final.with_name(f"{final.stem}.{self.writer}.{secrets.token_hex(4)}{TMP_SUFFIX}")
         try:
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, self.access.file_mode)
         except OSError as exc:
             return self._write_failed(key, tmp, exc, created=False)
         try:
@@ -337,7 +352,7 @@ class SnapshotStore:
             self._forget(key)
         logger.warning("HiState: snapshot file %s is invalid (%s); quarantined", path, reason)
         try:
-            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            make_folder(self.quarantine_dir, self.access)
             os.replace(path, self.quarantine_dir / f"{path.name}.{secrets.token_hex(4)}")
         except OSError:
             # cannot move it: delete it, so it is never read again
@@ -373,8 +388,8 @@ class SnapshotStore:
         """
         while True:
             path = self._lock_path(self.writer)
-            path.parent.mkdir(exist_ok=True)
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+            make_folder(path.parent, self.access)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, self.access.file_mode)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.fstat(fd).st_ino == os.stat(path).st_ino:

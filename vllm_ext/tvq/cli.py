@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from vllm_ext.common.resume_file import load_resume_state
 from vllm_ext.tvq.train import TrainSettings
 
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     base = _base(args.base)
     teacher, tok = _teacher(base)
     if args.cmd == "export":
-        state = torch.load(args.out / "state.pt", weights_only=False)
+        state = load_resume_state(args.out / "state.pt")
         settings = TrainSettings(**state["settings"])
     else:
         settings = _settings(args)

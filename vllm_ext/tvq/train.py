@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from vllm_ext.common.resume_file import load_resume_state
 from vllm_ext.tvq.qat import VQLinear, quantize_mlps
 
 
@@ -111,7 +112,7 @@ def train(teacher, student, data: torch.Tensor, settings: TrainSettings, out: Pa
                             {"params": side, "lr": settings.codebook_lr}])  # fmt: skip
     state_file, step, curve = out / "state.pt", 0, []
     if state_file.is_file():
-        state = torch.load(state_file, weights_only=False)
+        state = load_resume_state(state_file)
         student.load_state_dict(state["student"])
         opt.load_state_dict(state["opt"])
         step, curve = state["step"], state["curve"]
