@@ -52,6 +52,7 @@ from vllm_ext.common.systems import config_from_vllm
 from vllm_ext.histate.alignment import chunk_limit, chunking_problem, state_dtype_problem
 from vllm_ext.histate.config import SYSTEM, reject_connector_extra_config
 from vllm_ext.histate.device_pool import keep_snapshots_off_device
+from vllm_ext.histate.folder_safety import FolderPolicy, ensure_safe_folder
 from vllm_ext.histate.metadata import (
     HiStateMetadata,
     HiStateWorkerMetadata,
@@ -81,6 +82,8 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         # the scheduler and the worker read the same block of --additional-config
         reject_connector_extra_config(self._kv_transfer_config.kv_connector_extra_config)
         self.config = config_from_vllm(SYSTEM, vllm_config)
+        # before anything in the folder is read (the namespace reads its fingerprint cache)
+        ensure_safe_folder(self.config)
         if vllm_config.parallel_config.world_size > 1:
             raise ConfigError(
                 "HiStateConnector supports one worker (tensor and pipeline parallel size 1); "
@@ -98,7 +101,8 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
             self._check_chunking(vllm_config, kv_cache_config)
             has_ssd = self.config.directory is not None and self.config.ssd_bytes > 0
             # the files are the worker's; the index only reads their headers
-            files = scan(self.config.directory, self.namespace) if has_ssd else {}
+            access = FolderPolicy.of(self.config)
+            files = scan(self.config.directory, self.namespace, access=access) if has_ssd else {}
             self.runtime = HiStateRuntime(self.config, self.counters, files, _local_worker)
             self.side = SchedulerSide(
                 self.config, self.runtime, self.block_size, self.attn_group, self.mamba_group,
@@ -201,7 +205,7 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         if self.config.directory is not None and self.config.ssd_bytes > 0:
             ssd = SnapshotStore(
                 self.config.directory, self.namespace, fsync=self.config.fsync,
-                counters=self.counters,
+                counters=self.counters, access=FolderPolicy.of(self.config),
             )  # fmt: skip
         self.store = WorkerStore(self._pages, ssd, self.attn_group, self.mamba_group)
 
