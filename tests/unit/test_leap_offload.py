@@ -79,8 +79,11 @@ def test_ready_jobs_come_back_in_order_and_a_blocked_thread_is_never_waited_for(
     gate = threading.Event()
     blocker = thread.submit(gate.wait, GATE_TIMEOUT_S)
     jobs = [thread.submit_job("predict", lambda i=i: i, watched=[f"r{i}"]) for i in range(3)]
-    ready, late = thread.take_ready()
-    assert ready == [] and late == jobs and thread.backlog == 3
+    ready, late = thread.take_ready()  # the schedule right after: pending is not late yet
+    assert ready == [] and late == [] and thread.backlog == 3
+    ready, late = thread.take_ready()  # a whole step later: late, reported once
+    assert ready == [] and late == jobs
+    assert thread.take_ready() == ([], [])
     assert not blocker.done()  # take_ready returned while the thread was still blocked
     gate.set()
     thread.drain(GATE_TIMEOUT_S)
@@ -120,6 +123,8 @@ def test_a_blocked_predictor_thread_means_missing_predictions_then_fcfs_then_rec
     for step in range(3):  # one request finishes its prompt per step
         rt.on_probes(_vectors(rng, 1, start=step))
         rt.collect_ready()  # the next step's schedule: nothing ready, nothing waited for
+    assert rt.counters.value("late_predictions") == 2 and not rt.fcfs_fallback
+    rt.collect_ready()  # r2's second schedule: late too
     assert not blocker.done()
     assert all(rt.prediction(f"r{i}") is None for i in range(3))  # missing: FCFS place
     assert rt.counters.value("late_predictions") == 3

@@ -7,10 +7,14 @@ never waits for it: :meth:`PredictorThread.take_ready` returns the jobs that
 have finished, in order, and leaves the rest; a prediction that is not ready
 when a step is scheduled is a missing prediction for that step.
 
+A prediction is *late* when it is still pending at the
+:data:`LATE_AFTER_SCHEDULES`-th schedule after its probe vector arrived: the
+next schedule follows the vector's delivery at once (the thread may not even
+have had the GIL yet), the one after it leaves a whole forward pass to run in.
 :class:`KeepUp` watches, per predicted request, whether its prediction was
-ready at the first schedule after its probe vector arrived. When more than
-``max_late_fraction`` of the last ``window`` were late, LEAP falls back to
-FCFS order; it resumes once the thread has no backlog (it caught up).
+late. When more than ``max_late_fraction`` of the last ``window`` were late,
+LEAP falls back to FCFS order; it resumes once the thread has no backlog (it
+caught up).
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from typing import Any
 
 from vllm_ext.common.counters import Counters
 
+# schedules a prediction may miss before it counts as late (see the module doc)
+LATE_AFTER_SCHEDULES = 2
+
 
 @dataclass
 class Job:
@@ -32,9 +39,10 @@ class Job:
 
     kind: str  # "predict" or "refine"
     future: Future
-    # ids whose timeliness counts for KeepUp (prefill predictions); checked once
+    # ids whose timeliness counts for KeepUp (prefill predictions)
     watched: tuple[str, ...] = ()
-    checked: bool = False
+    late: bool = False  # reported late (once) by take_ready
+    polls: int = 0  # schedules that found it pending
     context: dict[str, Any] = field(default_factory=dict)
 
 
@@ -70,11 +78,18 @@ class PredictorThread:
 
     def take_ready(self) -> tuple[list[Job], list[Job]]:
         """``(ready, late)``: the finished jobs from the front, in order, and the jobs
-        still running or queued that nobody has ``checked`` yet (the caller marks them)."""
+        that became late at this call (pending at their :data:`LATE_AFTER_SCHEDULES`-th
+        call; each is reported once). Call once per schedule."""
         ready = []
         while self._jobs and self._jobs[0].future.done():
             ready.append(self._jobs.popleft())
-        return ready, [job for job in self._jobs if not job.checked]
+        late = []
+        for job in self._jobs:
+            job.polls += 1
+            if not job.late and job.polls >= LATE_AFTER_SCHEDULES:
+                job.late = True
+                late.append(job)
+        return ready, late
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait until everything submitted so far has run (tests, shutdown)."""

@@ -440,7 +440,8 @@ class LeapRuntime:
         """Apply the predictor thread's finished work, never waiting for the rest.
 
         Called at the start of each schedule. A prefill prediction still pending
-        here for the first time is late (:class:`~vllm_ext.leap.offload.KeepUp`).
+        after a whole step is late (:data:`~vllm_ext.leap.offload.LATE_AFTER_SCHEDULES`,
+        :class:`~vllm_ext.leap.offload.KeepUp`).
         """
         thread = self.predictor_thread
         if thread is None or not self._predict_in_background:
@@ -448,12 +449,11 @@ class LeapRuntime:
         started = time.perf_counter()
         ready, late = thread.take_ready()
         for job in ready:
-            if not job.checked:
+            if not job.late:  # in time
                 for _ in job.watched:
                     self.keep_up.record(late=False)
             self._apply_job(job)
         for job in late:
-            job.checked = True
             for _ in job.watched:
                 self.keep_up.record(late=True)
             self.counters.inc("late_predictions", len(job.watched))
