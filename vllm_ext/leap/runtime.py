@@ -66,7 +66,7 @@ COUNTERS = (
     CounterSpec("preempted_tokens", "computed tokens of the requests LEAP preempted (recompute)"),
     CounterSpec(
         "preemptions_over_budget",
-        "preemptions LEAP skipped because their recompute exceeded the window's token budget",
+        "preemptions LEAP skipped (once per step asked) as their recompute exceeded the budget",
     ),
     # seconds on the scheduler's step thread, per component (the step waits for all of them)
     CounterSpec("sched_order_seconds", "LEAP's queue order, SRPT pairing and preemption per step"),

@@ -37,6 +37,16 @@ their prefill (the probe); the others hold the shortest expected requests,
 and a probed request that does not win one is parked again at once. The
 plan's picks go to the head of ``waiting``, which vLLM admits in order.
 
+LEAP's preemptions are bounded by count (``max_preemptions`` per request) and,
+with ``preempt_token_budget``, by what they may make vLLM recompute over the
+last ``preempt_budget_window`` steps (each victim at its computed tokens).
+
+Each step first takes what LEAP's predictor thread has finished
+(``predictor_thread``; never waiting for the rest). While predictions lag
+(:attr:`~vllm_ext.leap.runtime.LeapRuntime.fcfs_fallback`) none of the above
+runs: ``waiting`` is in arrival order and vLLM schedules FCFS until they catch up.
+LEAP's own time before ``super().schedule()`` is counted in ``sched_order_seconds``.
+
 Without information (no weights, a constant model, predictor down) nothing
 is touched, the prompt-length prior included: every waiting request has one
 key and aging is off, so the queue is vLLM's FIFO deque exactly, and the
