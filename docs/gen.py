@@ -288,6 +288,8 @@ def counter_specs(system: str) -> tuple[list[tuple[str, str]], str]:
 
 
 def unit_of(counter: str) -> str:
+    if counter.endswith("_seconds"):
+        return "seconds"
     if "bytes" in counter:
         return "bytes"
     if "tokens" in counter:

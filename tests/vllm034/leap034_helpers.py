@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import itertools
 import time
+import zlib
+from pathlib import Path
 
+import numpy as np
 from vllm import SamplingParams
 from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -26,6 +29,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm_ext.common import compat
 from vllm_ext.common.config import config_block
 from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.connector import LeapWorkerMetadata
+from vllm_ext.leap.predictor import LinearLengthModel
 from vllm_ext.leap.runtime import HINT_KEY
 from vllm_ext.leap.scheduler import make_scheduler
 from vllm_ext.leap.settings import SYSTEM
@@ -124,11 +129,30 @@ def _block_hasher():
     return get_request_block_hasher(BLOCK, sha256)
 
 
-class Stepper:
-    """Runs a scheduler: schedule, then a fabricated output for what was scheduled."""
+def write_weights(path: Path, dim: int, seed: int = 0) -> Path:
+    """A LEAP weights file for ``dim``-wide probe vectors (a random ridge fit: informative)."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(64, dim))
+    LinearLengthModel.fit_ridge(X, rng.integers(2, 200, size=64).astype(float)).save(path)
+    return path
 
-    def __init__(self, scheduler):
+
+def probe_vector(request_id: str, dim: int) -> np.ndarray:
+    """The probe vector a request's prefill 'reads' (fixed per request id)."""
+    return np.random.default_rng(zlib.crc32(request_id.encode())).normal(size=dim).astype("f4")
+
+
+class Stepper:
+    """Runs a scheduler: schedule, then a fabricated output for what was scheduled.
+
+    ``probe_dim``: also send LEAP's worker metadata, a probe vector
+    (:func:`probe_vector`) for each request whose prompt ends in the step, as
+    the worker's probe would.
+    """
+
+    def __init__(self, scheduler, probe_dim: int | None = None):
         self.scheduler = scheduler
+        self.probe_dim = probe_dim
         self.started: list[str] = []  # request ids in the order they first ran
         self.loads: list[str] = []  # in the order their asynchronous KV load started
         self.finished: list[str] = []
@@ -154,6 +178,14 @@ class Stepper:
         kv_output = (
             KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None
         )
+        if self.probe_dim is not None:
+            prefilled = [
+                r for r, s in zip(req_ids, sampled, strict=True)
+                if s and not scheduler.requests[r].num_output_tokens
+            ]  # fmt: skip
+            vectors = {r: probe_vector(r, self.probe_dim) for r in prefilled}
+            kv_output = kv_output or KVConnectorOutput()
+            kv_output.kv_connector_worker_meta = LeapWorkerMetadata(vectors=vectors)
         result = scheduler.update_from_output(
             out,
             ModelRunnerOutput(

@@ -51,6 +51,18 @@ class LeapConfig:
         "for waiting requests expected to be shorter, several per step (SRPT); "
         "False = reorder queues only",
     )
+    preempt_token_budget: int | None = option(
+        None,
+        experimental=True,
+        doc="recompute bound on preemption: LEAP's preemptions within the last "
+        "preempt_budget_window steps may cost at most this many tokens, each victim counted at "
+        "its computed tokens (prompt and output: its recompute if none of its blocks stay "
+        "cached); a preemption over the budget is skipped (>= 0; None = count bound only, "
+        "max_preemptions)",
+    )
+    preempt_budget_window: int = option(
+        64, experimental=True, doc="steps over which preempt_token_budget is counted (>= 1)"
+    )
     refine_weights_path: str | None = option(
         None,
         doc="refinement head (.npz, from calibrate --refine-every): re-predicts the remaining "
@@ -150,6 +162,28 @@ class LeapConfig:
         "never waits for them; None = on when the engine runs on an accelerator, off on CPU "
         "(where the engine's threads already use every core)",
     )
+    predictor_thread: bool | None = option(
+        None,
+        experimental=True,
+        doc="predictions and refinements (and RLS, whatever rls_thread says) on LEAP's "
+        "background thread: a step never waits for them, a prediction not ready when a step "
+        "is scheduled is missing for that step (the request keeps its place), and LEAP falls "
+        "back to FCFS order while they lag (keepup_window); None = where RLS runs on the "
+        "thread (rls_thread); True puts RLS there too",
+    )
+    keepup_window: int = option(
+        16,
+        experimental=True,
+        doc="with predictor_thread: how many recent predicted requests decide whether "
+        "predictions lag (>= 1)",
+    )
+    max_late_fraction: float = option(
+        0.25,
+        experimental=True,
+        doc="with predictor_thread: FCFS order while more than this fraction of keepup_window's "
+        "predictions were not ready at their first schedule, until the thread has no backlog "
+        "(in [0, 1]; 1 = never)",
+    )
     probe_delivery: Literal["auto", "same_step", "next_step"] = option(
         "auto",
         experimental=True,
@@ -190,10 +224,15 @@ class LeapConfig:
             _check_float(self, "error_log_std", lambda v: v > 0, "> 0 or None")
         _check_float(self, "prediction_timeout_s", lambda v: v > 0, "> 0")
         _check_int(self, "max_len", minimum=1)
-        if self.rls_thread is not None and not isinstance(self.rls_thread, bool):
-            raise ConfigError(
-                f"LeapConfig.rls_thread must be a boolean or None, got {self.rls_thread!r}"
-            )
+        for name in ("rls_thread", "predictor_thread"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"LeapConfig.{name} must be a boolean or None, got {value!r}")
+        _check_int(self, "keepup_window", minimum=1)
+        _check_float(self, "max_late_fraction", lambda v: 0 <= v <= 1, "in [0, 1]")
+        if self.preempt_token_budget is not None:
+            _check_int(self, "preempt_token_budget", minimum=0)
+        _check_int(self, "preempt_budget_window", minimum=1)
         for name in ("preempt", "return_probe"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
@@ -205,7 +244,15 @@ class LeapConfig:
 
     def rls_in_background(self, on_cpu: bool) -> bool:
         """Whether RLS runs on its own thread for an engine on the CPU (``on_cpu``) or not."""
+        if self.predictor_thread:
+            return True  # one thread owns the heads' state
         return (not on_cpu) if self.rls_thread is None else self.rls_thread
+
+    def predictions_in_background(self, on_cpu: bool) -> bool:
+        """Whether predictions run on LEAP's thread for an engine on the CPU or not."""
+        if self.predictor_thread is None:
+            return self.rls_in_background(on_cpu)
+        return self.predictor_thread
 
     def probe_deferred(self, on_cuda: bool) -> bool:
         """Whether the worker delivers probe vectors a step late (``probe_delivery``)."""

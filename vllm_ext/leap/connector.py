@@ -13,6 +13,7 @@ connectors through vLLM's MultiConnector.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +85,9 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
                 self.counters,
                 hidden_size=vllm_config.model_config.get_hidden_size(),
                 background_rls=self.config.rls_in_background(current_platform.is_cpu()),
+                background_predictor=self.config.predictions_in_background(
+                    current_platform.is_cpu()
+                ),
             )
             if role == KVConnectorRole.SCHEDULER
             else None
@@ -166,5 +170,7 @@ class LeapConnector(PublishesCounters, NoKVTransfer, KVConnectorBase_V1, Support
             return None
         if self.has_connector_metadata():
             probe.forget(self._get_connector_metadata().finished_req_ids)
+        started = time.perf_counter()
         vectors, decode = probe.collect()
+        self.counters.inc("worker_probe_seconds", time.perf_counter() - started)
         return LeapWorkerMetadata(vectors=vectors, decode=decode) if vectors or decode else None

@@ -121,15 +121,16 @@ class LeapRequestQueue(RequestQueue):
         self._track(queued, added=True)
         self._queue.rekey(request.request_id, key, queued)
 
-    def rebuild(self, max_wait_s: float) -> None:
-        """Describe every request again (the policy changed); ties keep today's order."""
+    def rebuild(self, max_wait_s: float, by_arrival: bool = False) -> None:
+        """Describe every request again (the policy changed); ties keep today's order
+        (``by_arrival``: arrival order)."""
         entries = []
         self._known, self._unknown_caps = [], []
         for item in self._queue:
             queued, key = self._described(item.payload.request)
             self._track(queued, added=True)
             entries.append((item.item_id, key, queued))
-        self._queue.rebuild(entries, self.now)
+        self._queue.rebuild(entries, self.now, by_arrival)
         self._queue.max_wait_s = max_wait_s
 
     def set_head(self, requests: Iterable[Request]) -> None:

@@ -5,7 +5,15 @@ the worker and finished requests; the LeapScheduler reads predictions. The
 linear head runs here, on the CPU of the EngineCore process, off the
 accelerator: one batched prediction per step. RLS updates (O(hidden^2) each)
 run on a background thread when the engine has an accelerator
-(``rls_thread``), so the scheduler never waits for them.
+(``rls_thread``), so the scheduler never waits for them; with
+``predictor_thread`` the predictions and refinements run there too
+(:mod:`~vllm_ext.leap.offload`): the step picks up what is ready
+(:meth:`LeapRuntime.collect_ready`), a prediction not ready is a missing one,
+and when too many are late LEAP falls back to FCFS order until the thread
+catches up (:attr:`LeapRuntime.fcfs_fallback`).
+
+Seconds spent on the scheduler's step thread are counted per component
+(``sched_*_seconds``), so a run can say which part costs the step its time.
 
 Failure rule: any problem with one request's prediction (non-finite vector,
 predictor error, no vector within ``prediction_timeout_s``) leaves that
@@ -20,7 +28,6 @@ import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +35,7 @@ import numpy as np
 from vllm_ext.common.counters import Counters, CounterSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap.config import LeapConfig
+from vllm_ext.leap.offload import Job, KeepUp, PredictorThread
 from vllm_ext.leap.predictor import LinearLengthModel, Prediction, use_one_blas_thread
 from vllm_ext.leap.refine import refine_features, refined_prediction, refined_predictions
 from vllm_ext.leap.remaining import expected_remaining
@@ -49,6 +57,25 @@ COUNTERS = (
     CounterSpec("refinements", "remaining-length predictions refined from a decode probe"),
     CounterSpec("refine_rls_updates", "online RLS corrections of the refinement head"),
     CounterSpec("loops", "requests found repeating a token cycle (predicted to run to max_tokens)"),
+    CounterSpec(
+        "late_predictions",
+        "predictions not ready at the first schedule after their probe arrived (predictor thread)",
+    ),
+    CounterSpec("fcfs_fallbacks", "times LEAP fell back to FCFS order: its predictions were late"),
+    CounterSpec("fcfs_fallback_steps", "steps scheduled in FCFS order because predictions lagged"),
+    CounterSpec("preempted_tokens", "computed tokens of the requests LEAP preempted (recompute)"),
+    CounterSpec(
+        "preemptions_over_budget",
+        "preemptions LEAP skipped (once per step asked) as their recompute exceeded the budget",
+    ),
+    # seconds on the scheduler's step thread, per component (the step waits for all of them)
+    CounterSpec("sched_order_seconds", "LEAP's queue order, SRPT pairing and preemption per step"),
+    CounterSpec("sched_predict_seconds", "predictions on the step (or handing off, taking them)"),
+    CounterSpec("sched_refine_seconds", "refinements on the step (or handing them off)"),
+    CounterSpec("sched_rls_seconds", "RLS updates on the step (or handing them off)"),
+    # off the step: the worker's probe read-out, and the background thread's busy time
+    CounterSpec("worker_probe_seconds", "worker: reading the probe vectors out after a forward"),
+    CounterSpec("predictor_thread_seconds", "busy time of LEAP's background thread (off the step)"),
 )
 
 
@@ -87,6 +114,7 @@ class LeapRuntime:
         clock: Callable[[], float] = time.monotonic,
         hidden_size: int | None = None,
         background_rls: bool = False,
+        background_predictor: bool = False,
     ):
         self.config = config
         self.counters = counters
@@ -120,11 +148,13 @@ class LeapRuntime:
         self._warned: set[str] = set()
         # log1p of recent finished lengths: the prior when there is no model
         self._length_stats: deque[float] = deque(maxlen=256)
-        # one worker keeps the updates in finishing order: the same weights as inline
-        self._rls_pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="leap-rls") if background_rls else None
+        # one worker keeps the updates in finishing order: the same weights as inline.
+        # Predictions share it, so that only that thread ever touches the heads' state.
+        self.predictor_thread = (
+            PredictorThread(counters) if background_rls or background_predictor else None
         )
-        self._last_rls: Future | None = None
+        self._predict_in_background = background_predictor
+        self.keep_up = KeepUp(config.keepup_window, config.max_late_fraction)
 
     @property
     def active(self) -> bool:
@@ -210,12 +240,27 @@ class LeapRuntime:
             self._warned.add(kind)
             logger.warning(msg, *args)
 
+    @property
+    def fcfs_fallback(self) -> bool:
+        """True while predictions lag (see :class:`~vllm_ext.leap.offload.KeepUp`): order
+        requests as vLLM's FCFS would, ignoring predictions and hints."""
+        return self.keep_up.fallback
+
     def on_probes(self, vectors: dict) -> None:
         """The probe vectors of one step: one batched prediction for all of them.
 
         Per request (so a bad vector fails only its own request) when the batch
-        prediction fails or there is a single vector.
+        prediction fails or there is a single vector. With ``predictor_thread``
+        the prediction is handed to the thread and applied by :meth:`collect_ready`.
         """
+        started = time.perf_counter()
+        if self._predict_in_background and self.model is not None:
+            self._submit_predictions(vectors)
+        else:
+            self._predict_inline(vectors)
+        self.counters.inc("sched_predict_seconds", time.perf_counter() - started)
+
+    def _predict_inline(self, vectors: dict) -> None:
         predictions = {}
         if self.model is not None and len(vectors) > 1:
             try:
@@ -233,9 +278,7 @@ class LeapRuntime:
         ``prediction``: the head's prediction for ``vector`` when the caller
         already made it (:meth:`on_probes`).
         """
-        entry = self._entries.setdefault(req_id, _Entry())
-        entry.prefill_done_at = entry.prefill_done_at or self.clock()
-        entry.features = np.asarray(vector, dtype=np.float64)
+        entry = self._entry_for_probe(req_id, vector)
         # features are still kept for RLS: the true length teaches the head either way
         if self.model is None or entry.hinted:
             return
@@ -243,10 +286,22 @@ class LeapRuntime:
             if prediction is None:
                 prediction = self.model.predict(entry.features, self.config.max_len, self._with_std)
         except Exception as exc:  # any predictor failure degrades to FCFS for this request
-            entry.features = None
-            msg = "LEAP prediction failed (%s); request keeps FCFS order"
-            self._fail(req_id, entry, "predict", msg, exc)
+            self._prediction_failed(req_id, entry, exc)
             return
+        self._apply_prediction(req_id, entry, prediction)
+
+    def _entry_for_probe(self, req_id: str, vector) -> _Entry:
+        entry = self._entries.setdefault(req_id, _Entry())
+        entry.prefill_done_at = entry.prefill_done_at or self.clock()
+        entry.features = np.asarray(vector, dtype=np.float64)
+        return entry
+
+    def _prediction_failed(self, req_id: str, entry: _Entry, exc: Exception) -> None:
+        entry.features = None
+        msg = "LEAP prediction failed (%s); request keeps FCFS order"
+        self._fail(req_id, entry, "predict", msg, exc)
+
+    def _apply_prediction(self, req_id: str, entry: _Entry, prediction: Prediction) -> None:
         if entry.prediction is None:
             self.counters.inc("predictions")
         entry.prefill_prediction, entry.failed = prediction, False
@@ -257,7 +312,16 @@ class LeapRuntime:
 
     def on_decode_probes(self, probes: dict) -> None:
         """The decode probes of one step (``{req_id: (generated, vector)}``): one batched
-        refinement (per request where the batch fails)."""
+        refinement (per request where the batch fails); on the predictor thread with
+        ``predictor_thread``."""
+        started = time.perf_counter()
+        if self._predict_in_background:
+            self._submit_refinements(probes)
+        else:
+            self._refine_inline(probes)
+        self.counters.inc("sched_refine_seconds", time.perf_counter() - started)
+
+    def _refine_inline(self, probes: dict) -> None:
         refinable = [r for r in probes if self._refinable(r)]
         predictions = {}
         if len(refinable) > 1:
@@ -298,9 +362,131 @@ class LeapRuntime:
         except Exception as exc:  # the prefill prediction stays; never fail the request
             self._warn_once("refine", "LEAP refinement failed (%s); prediction unchanged", exc)
             return
+        self._apply_refinement(req_id, entry, generated, features, prediction)
+
+    def _apply_refinement(self, req_id, entry, generated, features, prediction) -> None:
         self._set_prediction(req_id, entry, prediction)
         entry.refinements.append((features, int(generated), prediction.total_tokens))
         self.counters.inc("refinements")
+
+    # --- the predictor thread: hand work off on the step, apply what is ready next step
+
+    def _submit_predictions(self, vectors: dict) -> None:
+        ids, rows = [], []
+        for req_id, vector in vectors.items():
+            entry = self._entry_for_probe(req_id, vector)
+            if not entry.hinted:
+                ids.append(req_id)
+                rows.append(entry.features)
+        if ids:
+            self.predictor_thread.submit_job(
+                "predict", self._predict_rows, rows, watched=ids, ids=ids
+            )
+
+    def _predict_rows(self, rows: list) -> list:
+        """On the thread: a prediction (or the exception) per row, batched where possible."""
+        max_len, with_std = self.config.max_len, self._with_std
+        if len(rows) > 1:
+            try:
+                batch = self.model.predict_batch(np.stack(rows), max_len, with_std)
+                return [batch.row(i) for i in range(len(rows))]
+            except Exception:  # per row below, so that a bad vector fails only its request
+                pass
+        out = []
+        for row in rows:
+            try:
+                out.append(self.model.predict(row, max_len, with_std))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def _submit_refinements(self, probes: dict) -> None:
+        work = []
+        for req_id, (generated, vector) in probes.items():
+            entry = self._entries.get(req_id)
+            if entry is not None and self.config.return_probe:
+                entry.decode_probes.append((int(generated), np.asarray(vector, float).tolist()))
+            if self._refinable(req_id):
+                work.append((req_id, int(generated), vector, entry.prefill_prediction.log_mean))
+        if work:
+            self.predictor_thread.submit_job("refine", self._refine_rows, work, work=work)
+
+    def _refine_rows(self, work: list) -> list:
+        """On the thread: ``(features, prediction)`` (or the exception) per decode probe,
+        batched as inline where possible."""
+        if len(work) > 1:
+            try:
+                features = np.stack([refine_features(v, g, m) for _, g, v, m in work])
+                generated = [g for _, g, _, _ in work]
+                batch = refined_predictions(
+                    self.refine, features, generated, self.config.max_len, self._with_std
+                )
+                return list(zip(features, batch, strict=True))
+            except Exception:  # per row below: a bad probe fails only its own refinement
+                pass
+        out = []
+        for _, generated, vector, log_mean in work:
+            try:
+                features = refine_features(vector, generated, log_mean)
+                prediction = refined_prediction(
+                    self.refine, features, generated, self.config.max_len, self._with_std
+                )
+                out.append((features, prediction))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def collect_ready(self) -> None:
+        """Apply the predictor thread's finished work, never waiting for the rest.
+
+        Called at the start of each schedule. A prefill prediction still pending
+        after a whole step is late (:data:`~vllm_ext.leap.offload.LATE_AFTER_SCHEDULES`,
+        :class:`~vllm_ext.leap.offload.KeepUp`).
+        """
+        thread = self.predictor_thread
+        if thread is None or not self._predict_in_background:
+            return
+        started = time.perf_counter()
+        ready, late = thread.take_ready()
+        for job in ready:
+            if not job.late:  # in time
+                for _ in job.watched:
+                    self.keep_up.record(late=False)
+            self._apply_job(job)
+        for job in late:
+            for _ in job.watched:
+                self.keep_up.record(late=True)
+            self.counters.inc("late_predictions", len(job.watched))
+        fallback, entered = self.keep_up.update(thread.backlog)
+        if entered:
+            self.counters.inc("fcfs_fallbacks")
+            logger.warning(
+                "LEAP predictions lag (%d of the last %d late): FCFS order until they catch up",
+                self.keep_up.late,
+                self.keep_up.window,
+            )
+        self.counters.inc("sched_predict_seconds", time.perf_counter() - started)
+
+    def _apply_job(self, job: Job) -> None:
+        results = job.future.result()
+        if job.kind == "predict":
+            for req_id, result in zip(job.context["ids"], results, strict=True):
+                entry = self._entries.get(req_id)
+                if entry is None or entry.hinted:
+                    continue  # finished (or hinted) meanwhile
+                if isinstance(result, Exception):
+                    self._prediction_failed(req_id, entry, result)
+                else:
+                    self._apply_prediction(req_id, entry, result)
+            return
+        for (req_id, generated, _, _), result in zip(job.context["work"], results, strict=True):
+            if not self._refinable(req_id):
+                continue
+            if isinstance(result, Exception):
+                msg = "LEAP refinement failed (%s); prediction unchanged"
+                self._warn_once("refine", msg, result)
+                continue
+            self._apply_refinement(req_id, self._entries[req_id], generated, *result)
 
     def _refinable(self, req_id: str) -> bool:
         entry = self._entries.get(req_id)
@@ -408,12 +594,12 @@ class LeapRuntime:
         predicted = initial.total_tokens if initial else None
         if stopped or length_capped:
             self._length_stats.append(math.log1p(output_tokens))
-        if self._rls_pool is None:
+        started = time.perf_counter()
+        if self.predictor_thread is None:
             self._learn(entry, output_tokens, stopped, length_capped)
         else:  # O(D^2) per update: off the scheduler's step
-            self._last_rls = self._rls_pool.submit(
-                self._learn, entry, output_tokens, stopped, length_capped
-            )
+            self.predictor_thread.submit(self._learn, entry, output_tokens, stopped, length_capped)
+        self.counters.inc("sched_rls_seconds", time.perf_counter() - started)
         info = {"predicted_tokens": predicted, "output_tokens": output_tokens}
         if self.config.return_probe:
             info["probe"] = entry.features.tolist() if entry.features is not None else None
@@ -442,17 +628,23 @@ class LeapRuntime:
     @property
     def background_rls(self) -> bool:
         """True when RLS updates run on the background thread."""
-        return self._rls_pool is not None
+        return self.predictor_thread is not None
+
+    @property
+    def background_predictions(self) -> bool:
+        """True when predictions and refinements run on the background thread."""
+        return self._predict_in_background
 
     def drain(self, timeout: float | None = None) -> None:
-        """Wait until every RLS update handed to the background thread is applied."""
-        if self._last_rls is not None:
-            self._last_rls.result(timeout)
+        """Wait until all work handed to the background thread has run (the next
+        :meth:`collect_ready` applies its predictions)."""
+        if self.predictor_thread is not None:
+            self.predictor_thread.drain(timeout)
 
     def close(self) -> None:
         """Apply the pending RLS updates (and checkpoints), then stop the background thread."""
-        if self._rls_pool is not None:
-            self._rls_pool.shutdown(wait=True)
+        if self.predictor_thread is not None:
+            self.predictor_thread.close()
 
     def _update_refine(
         self, entry: _Entry, output_tokens: int, stopped: bool, length_capped: bool

@@ -37,6 +37,16 @@ their prefill (the probe); the others hold the shortest expected requests,
 and a probed request that does not win one is parked again at once. The
 plan's picks go to the head of ``waiting``, which vLLM admits in order.
 
+LEAP's preemptions are bounded by count (``max_preemptions`` per request) and,
+with ``preempt_token_budget``, by what they may make vLLM recompute over the
+last ``preempt_budget_window`` steps (each victim at its computed tokens).
+
+Each step first takes what LEAP's predictor thread has finished
+(``predictor_thread``; never waiting for the rest). While predictions lag
+(:attr:`~vllm_ext.leap.runtime.LeapRuntime.fcfs_fallback`) none of the above
+runs: ``waiting`` is in arrival order and vLLM schedules FCFS until they catch up.
+LEAP's own time before ``super().schedule()`` is counted in ``sched_order_seconds``.
+
 Without information (no weights, a constant model, predictor down) nothing
 is touched, the prompt-length prior included: every waiting request has one
 key and aging is off, so the queue is vLLM's FIFO deque exactly, and the
@@ -45,6 +55,7 @@ schedule is exactly vLLM's.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -102,6 +113,10 @@ class LeapSchedulerMixin:
         # the policy of this step, and whether the queues follow it at all (set by schedule)
         self.leap_policy = self._leap_fcfs_prior
         self._leap_keyed = False
+        self._leap_in_fallback = False
+        # the preemption budget: steps counted by schedule, (step, tokens) per preemption
+        self._leap_step = 0
+        self._leap_spent: collections.deque[tuple[int, int]] = collections.deque()
         # running batch columns of requests with a prediction, until it changes
         self._leap_columns: dict[str, tuple[float, float, float, float]] = {}
         # output length at which a running request's next loop check is due
@@ -147,21 +162,36 @@ class LeapSchedulerMixin:
         return async_kv if async_kv.head_rank() < self.waiting.head_rank() else self.waiting
 
     def schedule(self, *args, **kwargs):
-        now = time.time()
+        # the predictor thread's finished work; what is not ready stays missing this step
+        self.leap.collect_ready()
+        started = time.perf_counter()
+        self._leap_step += 1
+        probes = self._leap_prepare(time.time())
+        self.leap.counters.inc("sched_order_seconds", time.perf_counter() - started)
+        output = super().schedule(*args, **kwargs)
+        if probes is not None:
+            admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
+            self.leap.counters.inc("lane_probes", admitted)
+        return output
+
+    def _leap_prepare(self, now: float) -> list[str] | None:
+        """Queues and running batch in LEAP's order for this step; the probe lane's
+        picks when the lane planned the step, else None."""
         queues = self._leap_queues()
         for queue in queues:
             queue.now = now
         self._leap_update_waiting()
+        if self.leap.fcfs_fallback:
+            self.leap.counters.inc("fcfs_fallback_steps")
+            for queue in queues:
+                queue.set_head(())
+            return None  # vLLM's FCFS: no reordering, no preemption, no lane
         running = self._leap_running_batch()
         if self._leap_find_loops(running):  # new predictions: pick them up
             self._leap_update_waiting()
             running = self._leap_running_batch()
         if self._leap_lane_width and self.leap.informative:
-            probes = self._leap_fill_slots(running, now)
-            output = super().schedule(*args, **kwargs)
-            admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
-            self.leap.counters.inc("lane_probes", admitted)
-            return output
+            return self._leap_fill_slots(running, now)
         for queue in queues:
             queue.set_head(())
         # without information (no prediction, or one value for all: a constant
@@ -169,7 +199,7 @@ class LeapSchedulerMixin:
         if self._leap_keyed:
             running = self._leap_admit_shorter(running, now)
             self._leap_order_running(running, now)
-        return super().schedule(*args, **kwargs)
+        return None
 
     def update_from_output(self, scheduler_output, model_runner_output, *args, **kwargs):
         # probes first: vLLM finishes requests before it passes the connector output on,
@@ -215,9 +245,14 @@ class LeapSchedulerMixin:
     def _leap_update_waiting(self) -> None:
         """This step's policy; re-key queued requests whose prediction or policy changed."""
         leap = self.leap
+        fallback = leap.fcfs_fallback
         # the configured prior only beside an informative model: no information, no change
         policy = self._leap_with_prior if leap.informative else self._leap_fcfs_prior
         keyed = leap.distinct_predictions >= 2 or policy.config.prior == "prompt_length"
+        if fallback:  # predictions lag: vLLM's order until they catch up
+            policy, keyed = self._leap_fcfs_prior, False
+        entering = fallback and not self._leap_in_fallback
+        self._leap_in_fallback = fallback
         changed = leap.take_changed()
         # vLLM's finished_req_ids: finished or aborted since the last step
         for request_id in (*changed, *self.finished_req_ids):
@@ -225,6 +260,14 @@ class LeapSchedulerMixin:
         for request_id in self.finished_req_ids:
             self._leap_loop_due.pop(request_id, None)
         queues = self._leap_queues()
+        if entering:
+            # FCFS from here: waiting by arrival, running as admitted by arrival, so
+            # that vLLM's own victim (running[-1]) is the last to arrive
+            self.leap_policy, self._leap_keyed = policy, keyed
+            for queue in queues:
+                queue.rebuild(math.inf, by_arrival=True)
+            self.running.sort(key=lambda request: request.arrival_time)
+            return
         if (policy, keyed) != (self.leap_policy, self._leap_keyed):
             self.leap_policy, self._leap_keyed = policy, keyed
             for queue in queues:
@@ -330,13 +373,16 @@ class LeapSchedulerMixin:
         expected = [*known, *prior.tolist()]  # two sorted runs: sorting them is a merge
         remaining = running_order.remaining(self.leap_policy, batch)
         rows = np.flatnonzero(self._leap_fresh_predicted(batch, now)).tolist()
+        budget = self._leap_budget()
         # the per-request checks only for the runners the pairing reaches (a few per step)
         victims = self.leap_policy.preemption_victims(
             expected,
             zip(rows, remaining[rows].tolist(), strict=True),
             free_slots=self.max_num_active_reqs - len(self.running),
             margin=config.preempt_margin,
-            movable=lambda row: self._leap_movable(self.running[row]),
+            movable=lambda row: (
+                self._leap_movable(self.running[row]) and budget.take(self.running[row])
+            ),
         )
         return self._leap_preempt_rows(batch, victims, now)
 
@@ -360,8 +406,8 @@ class LeapSchedulerMixin:
             lane_width=self._leap_lane_width,
             now=now,
         )
-        parked = set(plan.park)
-        rows = [i for i, r in enumerate(self.running) if r.request_id in parked]
+        parked, budget = set(plan.park), self._leap_budget()
+        rows = [i for i, r in enumerate(self.running) if r.request_id in parked and budget.take(r)]
         self._leap_order_running(self._leap_preempt_rows(batch, rows, now), now)
         # vLLM admits from the head of waiting while slots are free: the plan's picks
         # (each queue serves those it holds first; _next_waiting_queue keeps their order)
@@ -381,12 +427,26 @@ class LeapSchedulerMixin:
         victims = [self.running[i] for i in rows]
         # one pass, not a list.remove per victim (a scan of the whole batch each)
         self.running[:] = [r for i, r in enumerate(self.running) if i not in gone]
+        tokens = sum(_recompute_tokens(request) for request in victims)
         for request in victims:
             # as vLLM's own preemption: in-flight output is dropped only where a
             # connector must hand off the KV that the preemption frees
             self._preempt_request(request, now, drop_stale_output=self.requires_kv_delivery)
         self.leap.counters.inc("preemptions", len(rows))
+        self.leap.counters.inc("preempted_tokens", tokens)
+        self._leap_spent.append((self._leap_step, tokens))
         return batch.without(rows)
+
+    def _leap_budget(self) -> _PreemptionBudget:
+        """What this step's preemptions may still cost (``preempt_token_budget``)."""
+        config = self.leap.config
+        spent = self._leap_spent
+        while spent and spent[0][0] <= self._leap_step - config.preempt_budget_window:
+            spent.popleft()
+        if config.preempt_token_budget is None:
+            return _PreemptionBudget(math.inf, self.leap.counters)
+        left = config.preempt_token_budget - sum(tokens for _, tokens in spent)
+        return _PreemptionBudget(left, self.leap.counters)
 
     # preemptible: a decoding request with a prediction, not aged, not bounced too often
 
@@ -407,6 +467,28 @@ class LeapSchedulerMixin:
 
 # the key of every waiting request while LEAP leaves vLLM's order alone: a FIFO deque
 _FIFO = ()
+
+
+def _recompute_tokens(request) -> int:
+    """What preempting ``request`` may cost: every computed token (prompt and output), its
+    recompute when none of its blocks stays in the prefix cache."""
+    return request.num_computed_tokens
+
+
+class _PreemptionBudget:
+    """Recompute tokens this step's preemptions may still cost; a victim over it is kept."""
+
+    def __init__(self, left: float, counters):
+        self.left = left
+        self._counters = counters
+
+    def take(self, request) -> bool:
+        cost = _recompute_tokens(request)
+        if cost > self.left:
+            self._counters.inc("preemptions_over_budget")
+            return False
+        self.left -= cost
+        return True
 
 
 def _hint(request):

@@ -102,14 +102,21 @@ class AgingQueue:
         heapq.heappush(self._by_key, (key, item.seq, item_id))
         self._compact_if_sparse()
 
-    def rebuild(self, keys: Iterable[tuple[str, tuple, Any]], now: float) -> None:
+    def rebuild(
+        self, keys: Iterable[tuple[str, tuple, Any]], now: float, by_arrival: bool = False
+    ) -> None:
         """New keys (and payloads) for all items, ties in today's serving order.
 
         ``keys`` yields ``(item_id, key, payload)`` for every queued item. The
         current order at ``now`` becomes the insertion order, so items whose new
-        keys tie stay as they were served (as a re-sorted deque would).
+        keys tie stay as they were served (as a re-sorted deque would);
+        ``by_arrival``: ties in arrival order instead (a FCFS queue from here).
         """
-        order = {item.item_id: seq for seq, item in enumerate(self.ordered(now))}
+        if by_arrival:
+            current = sorted(self._items.values(), key=lambda item: (item.arrival, item.seq))
+        else:
+            current = self.ordered(now)
+        order = {item.item_id: seq for seq, item in enumerate(current)}
         new = {}
         for item_id, key, payload in keys:
             old = self._items[item_id]
