@@ -156,6 +156,17 @@ SUITE: tuple[Entry, ...] = (
     ),
     Entry(
         system="histate",
+        name="histate_policies",
+        module="benchmarks.histate.policies",
+        full=(),
+        quick=_args("--quick"),
+        goal=Goal("<=", 1 / 1.2),
+        minutes=(2, 20),
+        headline=False,  # make bench-histate keeps its two; run it by name
+        min_rounds=1,  # deterministic: seeded traces, counts
+    ),
+    Entry(
+        system="histate",
         name="histate_engine",
         module="benchmarks.histate.engine",
         full=_args("--scenarios agentic12_host12M --repeats 3"),

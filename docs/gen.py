@@ -92,6 +92,8 @@ CITED = (
     ("leap", "leap_heads", "ranking quality of LEAP's ridge head vs other heads on the probe"),
     ("histate", "histate_sim", "simulated 7B hybrid on an H200 + NVMe, agentic traces"),
     ("histate", "histate_engine", "agentic sessions on the tiny hybrid, real engine, CPU"),
+    ("histate", "histate_policies",
+     "recomputed prefill tokens per policy, 3 traces, host DRAM sweep, Qwen3-Next-80B cost model"),
     ("flide", "flide", "64 BFCL questions about one 1024-token context, tiny hybrid"),
     ("memx", "memx", "plan search, 3-vendor 24-GPU cluster, LLaMA-33B, one core"),
     ("ark", "ark_testbed", "KV-sized TCP flows, netns leaf-spine (2 leaves x 4 hosts, 4 spines)"),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.lookup import ROOT, tail_hash
 from vllm_ext.histate.policy import DECODE_END, Kind, kv_key, snap_key, tail_kv_key, tail_snap_key
+from vllm_ext.histate.pricing import chain_prices, held_snapshot_positions
 from vllm_ext.histate.runtime import HOST, HiStateRuntime, LoadPlan, snapshot_reason
 from vllm_ext.histate.worker_store import DROP, STAGE, UNSTAGE, LoadJob
 
@@ -220,15 +221,14 @@ class SchedulerSide:
         if block_ids is None:
             return
         ids = block_ids[self.attn_group]
-        # a KV block is worth what its loss costs: the prompt hit it supports
-        supported = max((request.num_prompt_tokens - 1) // bs, 1)
+        # a KV block is worth what its loss costs: the hits through it (pricing.py)
+        prices = self._reprice_chain(request, last, after % bs == 0 and after // bs == last)
         for j in range(first, min(last, len(ids))):
             key = kv_key(bytes(request.block_hashes[j]).hex())
             if ids[j] == 0 or key in self._inflight or self.runtime.has(key):
                 continue
             meta.stores.append((key, self.attn_group, ids[j]))
-            recompute = max(supported, j + 1) * bs
-            self._inflight[key] = _Pending(Kind.KV, (j + 1) * bs, recompute)
+            self._inflight[key] = _Pending(Kind.KV, (j + 1) * bs, prices.get(key, 0))
         if after % bs == 0 and after // bs == last:
             # align mode keeps the running state of a step ending at token k*bs in the
             # block of index k-1; after the forward it is exactly the boundary state.
@@ -236,6 +236,37 @@ class SchedulerSide:
             mamba = block_ids[self.mamba_group]
             if len(mamba) >= last:
                 self._plan_snapshot_store(meta, request, mamba[last - 1], after)
+
+    def _reprice_chain(
+        self, request, upto: int, boundary_state: bool, tail: bool = False
+    ) -> dict[str, int]:
+        """Re-price (and touch) the held items of ``request``'s chain up to block ``upto``.
+
+        Prices come from the snapshots held, in flight, or (``boundary_state``) about to be
+        stored at ``upto``, so a prefix block is never priced below a block that depends on
+        it (pricing.py: priced once at the first store, interior blocks were evicted before
+        their useless descendants). Returns the price of every key of the chain.
+        """
+        bs = self.block_size
+        chain = [bytes(h).hex() for h in request.block_hashes[:upto]]
+        snapshots = set(held_snapshot_positions(
+            chain, upto, lambda key: key in self._inflight or self.runtime.has(key)))  # fmt: skip
+        if boundary_state and upto >= 1:
+            reason = snapshot_reason(upto, request.num_prompt_tokens, bs,
+                                     self.config.snapshot_interval_blocks,
+                                     self._branch.get(request.request_id))  # fmt: skip
+            if self.runtime.admit(reason):
+                snapshots.add(upto)
+        if tail and upto >= 1:
+            # a tail after block `upto` needs every block before it: price them as a
+            # snapshot there would (the tail's own tokens are priced by its items)
+            snapshots.add(upto)
+        now = self.runtime.now()
+        prices: dict[str, int] = {}
+        for key, tokens, position in chain_prices(chain, upto, bs, snapshots):
+            prices[key] = tokens
+            self.runtime.tiers.touch(key, now, tokens, position)
+        return prices
 
     def _plan_snapshot_store(self, meta, request, block_id: int, boundary_tokens: int) -> None:
         k = boundary_tokens // self.block_size
@@ -348,6 +379,7 @@ class SchedulerSide:
         if not self.runtime.admit(DECODE_END):
             self.counters.inc("store_rejected")
             return False
+        self._reprice_chain(request, depth, boundary_state=False, tail=True)
         previous = self._last_snapshot.get(request.request_id, 0) * self.block_size
         recompute = max(end - previous, 1)
         self._final_stores += [(kv, self.attn_group, attn[depth]),

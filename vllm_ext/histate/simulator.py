@@ -23,6 +23,28 @@ end and the decode end); blocks of running requests are pinned. Variants:
   Every computed KV block is written through to host memory; snapshots the
   policy admits (every ``snapshot_interval_blocks``, prompt end, decode end,
   branch points) go to host memory and spill to the SSD.
+
+``exact_end`` (issue 36 part 2, the hook for HiState's request-end "tail"
+snapshots): at each request's end the tiers also get a *tail* item, the state
+at exactly the tokens computed at finish (prompt + output - 1, not block
+aligned) together with the KV of the partial last block (its bytes: one
+snapshot + the partial block's KV). The session's next turn (previous prompt
++ output + new message) hits it when the KV of every full block before it is
+present, so it recomputes only its new tokens (and the last sampled token,
+which was never computed). A tail is keyed by the exact token stream it ends
+(in a trace: the session and turn), priced like a snapshot: the tokens back
+to the deepest block-aligned snapshot held.
+
+Pricing: every store re-prices the request's whole chain (each held KV block and
+snapshot up to the stored block gets the loss :func:`~vllm_ext.histate.lookup.
+recompute_tokens` gives it over the snapshots held, and counts as accessed), so a
+prefix block is never priced below a block that depends on it. ``connector_v1``
+models HiState's connector before it did so (issue 36 part 3): a KV block priced
+once, at its first store, by that request's prompt (``max(prompt blocks, j + 1)``
+blocks of tokens), a snapshot by the blocks since the request's previous snapshot,
+an item already held neither re-priced nor touched by a later store, and the
+device copies of held snapshots released under every policy (the connector's
+``release_device_snapshots`` does not look at the policy).
 """
 
 from __future__ import annotations
@@ -61,6 +83,11 @@ DEVICE_ONLY = ("native", "marconi_device")
 _ARRIVE, _PREFILLED, _DECODED = 0, 1, 2
 
 
+def tail_key(session_id: str, turn: int) -> str:
+    """Store key of the tail snapshot at the exact end of ``turn`` of ``session_id``."""
+    return f"tail:{session_id}/{turn}"
+
+
 class InstanceSim:
     """One simulated instance running ``trace`` under ``variant``.
 
@@ -71,11 +98,20 @@ class InstanceSim:
         variant: ``native`` or a policy name.
         config: HiState settings (time weight, alpha, interval, slack).
         policy_cls: replaces the variant's policy in the host/SSD tiers (ablations).
+        exact_end: store tail snapshots at each request's exact end (module doc);
+            only variants with host/SSD tiers have them. Default: the config's
+            ``exact_end`` when it has one, else False.
+        connector_v1: price and release as the connector did before chain pricing
+            (module doc); reproduces the engine's HiState-vs-LRU recompute gap.
+        release_all: release held snapshots' device copies under every tiered policy,
+            as the connector does (default: under ``histate`` only, unless
+            ``connector_v1``); always subject to ``release_device_snapshots``.
     """
 
     def __init__(
         self, trace: Trace, cost: CostModel, variant: str, config: HiStateConfig,
-        policy_cls: type[Policy] | None = None,
+        policy_cls: type[Policy] | None = None, exact_end: bool | None = None,
+        connector_v1: bool = False, release_all: bool | None = None,
     ):  # fmt: skip
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -91,6 +127,16 @@ class InstanceSim:
             ssd_read_latency_s=cost.ssd_read_latency_s,
         )  # fmt: skip
         self.config = cfg
+        if exact_end is None:
+            exact_end = bool(getattr(config, "exact_end", False))
+        self.exact_end = exact_end and variant not in DEVICE_ONLY
+        self.connector_v1 = connector_v1
+        release_all = connector_v1 if release_all is None else release_all
+        self.release_device_snapshots = config.release_device_snapshots and (
+            variant == "histate" or (release_all and variant not in DEVICE_ONLY)
+        )
+        # request -> deepest snapshot it stored or hit (connector_v1's snapshot price)
+        self._last_snapshot: dict[tuple[str, int], int] = {}
         if variant == "marconi_device":
             # Marconi as published: its admission and eviction manage device memory
             self.device = EvictionQueue(MarconiPolicy(cfg), cost.device_bytes, cfg.evict_slack)
@@ -116,7 +162,8 @@ class InstanceSim:
              "host_kv_read_bytes", "host_snapshot_read_bytes", "ssd_snapshot_read_bytes",
              "ssd_write_bytes", "spills_dropped", "device_insert_failures", "busy_s",
              "device_snapshots_released", "stores_skipped",
-             "hits_device", "hits_host", "hits_ssd", "misses"), 0.0)  # fmt: skip
+             "hits_device", "hits_host", "hits_ssd", "misses", "tail_hits",
+             "tail_hit_tokens"), 0.0)  # fmt: skip
         self.ttft: list[float] = []
         # (session id, turn) -> blocks reused by that request
         self.hit_blocks: dict[tuple[str, int], int] = {}
@@ -182,19 +229,33 @@ class InstanceSim:
         P, B = req.prompt_tokens, self.B
         chain = req.blocks
         hit = longest_hit(chain, self._kv_tier, self._snap_tier, max_blocks=(P - 1) // B)
+        hit_tokens = hit.blocks * B
+        snapshot = snap_key(chain[hit.blocks - 1]) if hit.blocks else None
+        snapshot_bytes = self.state_bytes
+        tail = self._tail_hit(req, hit)
+        if tail is not None and tail[0] > hit_tokens:
+            hit_tokens, snapshot, tail_tier = tail
+            snapshot_bytes = self.tiers.host.get(snapshot) or self.tiers.ssd.get(snapshot)
+            snapshot_bytes = snapshot_bytes.nbytes
+            # every full block before the tail is read, as a block hit of that depth would
+            hit = longest_hit(chain, self._kv_tier, lambda h: tail_tier,
+                              max_blocks=hit_tokens // B)  # fmt: skip
+            hit = dataclasses.replace(hit, snapshot_tier=tail_tier)
+            self.stats["tail_hits"] += 1
+            self.stats["tail_hit_tokens"] += hit_tokens
         load = sum(self.kv_bytes for t in hit.kv_tiers if t == "host") / self.cost.h2d_bytes_per_s
         pins: list[str] = []
-        if hit.blocks:
-            load += self.cost.snapshot_read_seconds(hit.snapshot_tier)
+        if snapshot is not None:
+            load += self._snapshot_read_seconds(hit.snapshot_tier, snapshot_bytes)
             tier_key = "ssd_snapshot_read_bytes" if hit.snapshot_tier == "ssd" else (
                 "host_snapshot_read_bytes" if hit.snapshot_tier == "host" else None)  # fmt: skip
             if tier_key:
-                self.stats[tier_key] += self.state_bytes
+                self.stats[tier_key] += snapshot_bytes
             self.stats["host_kv_read_bytes"] += self.kv_bytes * hit.kv_tiers.count("host")
             self.stats[f"hits_{hit.snapshot_tier}"] += 1
             if self.tiers is not None:
                 # a hit being read is pinned in its tier until the prefill ends
-                for key in [snap_key(chain[hit.blocks - 1])] + [
+                for key in [snapshot] + [
                     kv_key(h) for h, t in zip(chain, hit.kv_tiers, strict=False) if t == "host"
                 ]:
                     if self.tiers.pin(key):
@@ -205,7 +266,6 @@ class InstanceSim:
         self._running[(req.session_id, req.turn)] = []
         self.hit_blocks[(req.session_id, req.turn)] = hit.blocks
         self._device_put(req, chain[: hit.blocks], (), now)
-        hit_tokens = hit.blocks * B
         compute = self.cost.prefill_seconds(P - hit_tokens, P)
         self.stats["hit_tokens"] += hit_tokens
         self.stats["prompt_tokens"] += P
@@ -213,6 +273,29 @@ class InstanceSim:
         self.stats["recomputed_tokens"] += max(0, P - req.new_tokens - hit_tokens)
         self.stats["busy_s"] += load + compute
         return now + load + compute, (req, arrival, hit.blocks, pins)
+
+    def _tail_hit(self, req: TraceRequest, hit) -> tuple[int, str, str] | None:
+        """``(tokens, key, tier)`` of the previous turn's tail when it is usable, else None.
+
+        Usable: the tail is in a tier and every full block before it has KV (the
+        block hit's KV scan, ``hit.kv_blocks_present``, covers them).
+        """
+        if not self.exact_end or req.turn == 0:
+            return None
+        key = tail_key(req.session_id, req.turn - 1)
+        tier = self.tiers.tier_of(key)
+        tokens = req.prompt_tokens - req.new_tokens - 1  # computed at the previous finish
+        if tier is None or tokens <= 0 or hit.kv_blocks_present < tokens // self.B:
+            return None
+        return tokens, key, tier
+
+    def _snapshot_read_seconds(self, tier: str, nbytes: int) -> float:
+        """Time to bring ``nbytes`` of one snapshot (or tail) from ``tier`` to the device."""
+        if tier == "device":
+            return 0.0
+        if tier == "host":
+            return nbytes / self.cost.h2d_bytes_per_s
+        return self.cost.ssd_read_latency_s + nbytes / self.cost.ssd_read_bytes_per_s
 
     def _finish_prefill(self, req: TraceRequest, hit_blocks: int, pins: list[str], now: float):
         if self.tiers is not None:
@@ -234,9 +317,12 @@ class InstanceSim:
         # the block-aligned state "at the last decoded token" may lie inside the
         # prompt (no block boundary crossed while decoding): count from the hit
         self._store(req, pb, n, self.hit_blocks[(req.session_id, req.turn)], native, ours, now)
+        if self.exact_end:
+            self._store_tail(req, now)
         # the request's device blocks are released (vLLM frees them at finish)
         for key in self._running.pop((req.session_id, req.turn)):
             self.device.unpin(key)
+        self._last_snapshot.pop((req.session_id, req.turn), None)
 
     def _store(self, req, first: int, upto: int, computed_from: int, native, ours, now):
         """Cache blocks ``first..upto-1`` and the snapshots the request produced."""
@@ -248,6 +334,20 @@ class InstanceSim:
             self._device_recompute(chain, upto, now)
         if self.tiers is None:
             return
+        if self.connector_v1:
+            self._store_first_priced(req, first, upto, computed_from, ours, now)
+        else:
+            self._store_chain_priced(req, upto, computed_from, ours, now)
+        if self.release_device_snapshots:
+            # the connector's device_pool: a held snapshot's device copy is released
+            for p in new_native:
+                key = snap_key(chain[p - 1])
+                if self.tiers.tier_of(key) is not None and self.device.remove(key) is not None:
+                    self.stats["device_snapshots_released"] += 1
+
+    def _store_chain_priced(self, req, upto: int, computed_from: int, ours, now: float) -> None:
+        """Store new items and re-price (touch) the held ones of ``req``'s chain up to ``upto``."""
+        chain = req.blocks
         admitted = [p for p, why in ours.items() if computed_from < p <= upto
                     and self.tiers.admit(why)]  # fmt: skip
         have = [p for p in range(1, upto + 1) if self._snap_tier(chain[p - 1]) is not None]
@@ -259,12 +359,41 @@ class InstanceSim:
             key = snap_key(chain[p - 1])
             if p in admitted or self.tiers.tier_of(key) is not None:
                 self._tier_put(key, Kind.SNAPSHOT, self.state_bytes, now, per_snap[p], p)
-        if self.variant == "histate" and self.config.release_device_snapshots:
-            # the connector's device_pool: a held snapshot's device copy is released
-            for p in new_native:
-                key = snap_key(chain[p - 1])
-                if self.tiers.tier_of(key) is not None and self.device.remove(key) is not None:
-                    self.stats["device_snapshots_released"] += 1
+
+    def _store_first_priced(self, req, first: int, upto: int, computed_from: int, ours, now):
+        """``connector_v1``: store only what this request computed and no tier holds yet."""
+        chain, bs = req.blocks, self.B
+        supported = max((req.prompt_tokens - 1) // bs, 1)
+        for j in range(max(first, computed_from), upto):
+            key = kv_key(chain[j])
+            if self.tiers.tier_of(key) is None:
+                tokens = max(supported, j + 1) * bs
+                self._tier_put(key, Kind.KV, self.kv_bytes, now, tokens, j + 1)
+        request = (req.session_id, req.turn)
+        for p in sorted(ours):
+            key = snap_key(chain[p - 1])
+            if not computed_from < p <= upto or self.tiers.tier_of(key) is not None:
+                continue
+            if not self.tiers.admit(ours[p]):
+                continue
+            previous = self._last_snapshot.get(request, computed_from)
+            previous = previous if previous < p else 0
+            self._last_snapshot[request] = p
+            self._tier_put(key, Kind.SNAPSHOT, self.state_bytes, now, (p - previous) * bs, p)
+
+    def _store_tail(self, req: TraceRequest, now: float) -> None:
+        """The state at the exact end of ``req`` and its partial block's KV, as one item."""
+        end = req.prompt_tokens + req.output_tokens - 1  # computed tokens at finish
+        full = end // self.B
+        partial = end - full * self.B
+        if partial == 0:
+            return  # block aligned: the decode-end snapshot is this state
+        chain = req.blocks
+        aligned = [p for p in range(1, full + 1) if self._snap_tier(chain[p - 1]) is not None]
+        loss = end - (max(aligned) * self.B if aligned else 0)
+        nbytes = self.state_bytes + partial * self.cost.kv_bytes_per_token
+        self._tier_put(tail_key(req.session_id, req.turn), Kind.SNAPSHOT, nbytes, now, loss,
+                       full, position=end)  # fmt: skip
 
     def _device_recompute(self, chain, upto: int, now: float) -> None:
         """Marconi on the device ranks items by FLOPs saved: give them recompute facts."""
@@ -275,14 +404,19 @@ class InstanceSim:
         for p, tokens in per_snap.items():
             self.device.touch(snap_key(chain[p - 1]), now, tokens, p * self.B)
 
-    def _tier_put(self, key: str, kind: Kind, nbytes: int, now: float, tokens: int, pos: int):
+    def _tier_put(
+        self, key: str, kind: Kind, nbytes: int, now: float, tokens: int, pos: int,
+        position: int | None = None,
+    ):  # fmt: skip
+        """Store (or touch) ``key``; it ends at block ``pos`` (or token ``position``)."""
         # an offer-count admission filter (vLLM's store_threshold, benchmarks.histate.vllm_policies)
         admit = getattr(self.tiers.host.policy, "admit_store", None)
         if admit is not None and not admit(key, self.tiers.tier_of(key) is not None):
             self.stats["stores_skipped"] += 1
             return
+        position = pos * self.B if position is None else position
         result = self.tiers.store(key, kind, nbytes, now, recompute_tokens=tokens,
-                                  position=pos * self.B)  # fmt: skip
+                                  position=position)  # fmt: skip
         for item in result.spilled:
             start = max(self._ssd_free_at, now)
             end = start + item.nbytes / self.cost.ssd_write_bytes_per_s
@@ -333,7 +467,8 @@ def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
     for key in ("computed_tokens", "recomputed_tokens", "host_kv_read_bytes",
                 "host_snapshot_read_bytes", "ssd_snapshot_read_bytes", "ssd_write_bytes",
                 "spills_dropped", "device_insert_failures",
-                "device_snapshots_released", "stores_skipped"):  # fmt: skip
+                "device_snapshots_released", "stores_skipped", "tail_hits",
+                "tail_hit_tokens"):  # fmt: skip
         out[key] = s[key]
     if sim.tiers is not None:
         out["host_used_bytes"] = sim.tiers.host.used_bytes
@@ -345,10 +480,12 @@ def summarize(sim: InstanceSim, makespan: float) -> dict[str, Any]:
 
 def simulate(
     trace: Trace, cost: CostModel, variant: str, config: HiStateConfig | None = None,
-    policy_cls: type[Policy] | None = None,
+    policy_cls: type[Policy] | None = None, exact_end: bool | None = None,
+    connector_v1: bool = False,
 ):  # fmt: skip
     """Run one variant on ``trace`` (its tiers under ``policy_cls`` if given); its metrics."""
-    return InstanceSim(trace, cost, variant, config or HiStateConfig(), policy_cls).run()
+    config = config or HiStateConfig()
+    return InstanceSim(trace, cost, variant, config, policy_cls, exact_end, connector_v1).run()
 
 
-__all__ = ["VARIANTS", "InstanceSim", "simulate", "summarize"]
+__all__ = ["VARIANTS", "InstanceSim", "simulate", "summarize", "tail_key"]

