@@ -33,7 +33,8 @@ def _prom_metrics(vllm_config):
 
 def test_every_instance_entry_holds_on_this_releases_objects():
     scheduler = create_scheduler(use_kv_connector=True, enable_prefix_caching=True)
-    for request in create_requests(num_requests=2, num_tokens=32):
+    requests = create_requests(num_requests=2, num_tokens=32)
+    for request in requests:
         scheduler.add_request(request)
     output = scheduler.schedule()
     manager = scheduler.kv_cache_manager
@@ -42,6 +43,7 @@ def test_every_instance_entry_holds_on_this_releases_objects():
         ("histate", manager, "KVCacheManager"),
         ("histate", manager.block_pool, "BlockPool"),
         ("histate", output, "SchedulerOutput"),
+        ("histate", requests[0], "Request"),
         ("histate", scheduler.connector, "KVConnectorBase_V1"),
         ("ark", scheduler.connector, "KVConnectorBase_V1"),
         ("acct", scheduler.kv_cache_config, "KVCacheConfig"),
