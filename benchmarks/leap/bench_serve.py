@@ -7,7 +7,8 @@ neighbour (a bounded process this script starts and stops itself) x arrivals
 (one burst, or Poisson at ``--rate``) x stopping (natural, up to
 ``--output-len``; or fixed, ``--ignore-eos``). Variants: ``fcfs`` (``vllm
 serve``), ``leap`` (``vllm-ext serve --plugins leap``, the ``leap-smollm2``
-weights) and ``leap_budget`` (``leap`` with a preemption token budget).
+weights), ``leap_budget`` (``leap`` with a preemption token budget) and
+``leap_thread`` (``leap_budget`` with predictions on LEAP's background thread).
 
 Per cell, each variant's medians over ``--rounds`` rounds (round-robin, a fresh
 server each run) with their spread, the ratios to FCFS, the checks of issue 37
@@ -58,6 +59,10 @@ def variants(weights: str, budget: int) -> dict[str, dict]:
         "leap_budget": {
             "plugins": True,
             "config": {"leap": {**leap, "preempt_token_budget": budget}},
+        },
+        "leap_thread": {
+            "plugins": True,
+            "config": {"leap": {**leap, "predictor_thread": True, "preempt_token_budget": budget}},
         },
     }
 
