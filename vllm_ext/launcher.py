@@ -38,6 +38,8 @@ class SystemLaunch:
     flags: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     flag_reasons: Mapping[str, str] = field(default_factory=dict)
+    # False where kv_connector is only a seam (nothing is transferred): see _reserved_cpu_env
+    transfers_kv: bool = True
 
 
 # Systems join this table as they land (their issue adds the entry).
@@ -50,6 +52,7 @@ SYSTEMS: dict[str, SystemLaunch] = {
             "kv_connector_module_path": "vllm_ext.leap.connector",
         },
         flags=("--load-format", "leap"),
+        transfers_kv=False,
         flag_reasons={
             "--load-format": "LEAP needs --load-format leap: its loader wraps the load "
             "format named in --model-loader-extra-config "
@@ -157,7 +160,57 @@ def compose(
     for system in chosen:
         args += _system_flags(system, args)
     env = _compose_env(chosen, environ, general_plugins)
+    env.update(_reserved_cpu_env(chosen, user_kv, args, environ))
     return LaunchPlan(("vllm", "serve", model, *args), env)
+
+
+# vLLM's CPU executor (vllm/utils/ompmultiprocessing.py) keeps one core per local rank free of
+# the model's OpenMP threads, for the scheduler and API server, and one more per rank whenever
+# a kv_transfer_config is set (meant for NIXL's P/D transfers). A system whose connector only
+# hooks the scheduler and worker would take that extra core from the model; on a 2-core host
+# the reservation (2 of 2) then fails and OpenMP binds every core, so any other busy process
+# stalls the forward (LEAP beside one busy loop: 3.1x slower than FCFS, issue 37).
+RESERVED_CPU_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
+
+def _reserved_cpu_env(
+    chosen: Sequence[SystemLaunch], user_kv: str | None, args: Sequence[str],
+    environ: Mapping[str, str],
+) -> dict[str, str]:  # fmt: skip
+    """Plain vLLM's CPU reservation when our connectors transfer nothing (CUDA ignores it)."""
+    connectors = [s for s in chosen if s.kv_connector]
+    if RESERVED_CPU_ENV in environ or user_kv is not None or not connectors:
+        return {}
+    if any(s.transfers_kv for s in connectors):
+        return {}
+    ranks = _local_world_size(args)
+    return {} if ranks is None else {RESERVED_CPU_ENV: str(ranks)}
+
+
+def _local_world_size(args: Sequence[str]) -> int | None:
+    """Ranks on this host from ``--tensor-parallel-size`` x ``--pipeline-parallel-size``
+    (vLLM's defaults: 1); None when a value is not a positive integer (vLLM will say so)."""
+    size = 1
+    for long, short in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
+        values = _user_values(args, long) + _short_values(args, short)
+        if not values:
+            continue
+        try:
+            size *= int(values[-1] or "")
+        except ValueError:
+            return None
+    return size if size >= 1 else None
+
+
+def _short_values(args: Sequence[str], flag: str) -> list[str | None]:
+    """Values of a short option (``-tp 2`` or ``-tp=2``)."""
+    out: list[str | None] = []
+    for i, arg in enumerate(args):
+        if arg == flag:
+            out.append(args[i + 1] if i + 1 < len(args) else None)
+        elif arg.startswith(flag + "="):
+            out.append(arg.split("=", 1)[1])
+    return out
 
 
 def _option_name(arg: str) -> str | None:

@@ -205,3 +205,40 @@ def test_ark_words_set_the_ark_connector_and_its_role(word, role):
     assert config.is_kv_producer == (role == "kv_producer")
     assert config.is_kv_consumer == (role == "kv_consumer")
     assert "VLLM_PLUGINS" not in plan.env
+
+
+SEAM = SystemLaunch("seam", kv_connector={"kv_connector": "SeamConnector"}, transfers_kv=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "reserved"),
+    [
+        ([], "1"),
+        (["-tp", "2"], "2"),
+        (["--tensor-parallel-size=2", "--pipeline-parallel-size", "2"], "4"),
+        (["--tensor_parallel_size", "2", "-pp=3"], "6"),
+    ],
+)
+def test_a_seam_only_connector_keeps_plain_vllms_cpu_reservation(args, reserved):
+    # vLLM's CPU executor reserves one more core per rank for any kv_transfer_config: a
+    # connector that transfers nothing must not take that core from the model
+    systems = {**SYSTEMS, "seam": SEAM}
+    plan = compose("m", ["seam"], args, {}, GENERAL, systems)
+    assert plan.env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == reserved
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" in compose("m", ["leap"], args, {}, GENERAL).env
+
+
+@pytest.mark.parametrize(
+    ("plugins", "args", "environ"),
+    [
+        (["seam", "store"], [], {}),  # a connector that transfers keeps vLLM's extra core
+        (["seam"], ["--kv-transfer-config", '{"kv_connector": "X", "kv_role": "kv_both"}'], {}),
+        (["seam"], [], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),  # the user's own choice
+        (["seam"], ["-tp", "two"], {}),  # vLLM names the bad value
+        (["route"], [], {}),  # no connector: vLLM reserves as plain
+    ],
+)
+def test_the_reservation_is_left_to_vllm_otherwise(plugins, args, environ):
+    systems = {**SYSTEMS, "seam": SEAM}
+    plan = compose("m", plugins, args, environ, GENERAL, systems)
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in plan.env
