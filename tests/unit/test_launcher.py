@@ -187,6 +187,8 @@ def test_acct_adds_its_connector_with_recompute_also_behind_multiconnector():
     user = '{"kv_connector": "X", "kv_load_failure_policy": "fail"}'
     with pytest.raises(LaunchError, match="kv_load_failure_policy"):
         compose("m", ["acct"], ["--kv-transfer-config", user], {})
+
+
 @pytest.mark.parametrize(
     ("word", "role"), [("ark-prefill", "kv_producer"), ("ark-decode", "kv_consumer")]
 )
