@@ -10,8 +10,9 @@ serve``), ``leap`` (``vllm-ext serve --plugins leap``, the ``leap-smollm2``
 weights), ``leap_budget`` (``leap`` with a preemption token budget) and
 ``leap_thread`` (``leap_budget`` with predictions on LEAP's background thread).
 
-Per cell, each variant's medians over ``--rounds`` rounds (round-robin, a fresh
-server each run) with their spread, the ratios to FCFS, the checks of issue 37
+Per cell, each variant's medians over ``--rounds`` rounds (round-robin; one fresh
+server per round and variant runs every cell in turn, each cell on prompts of its
+own, so nothing is a prefix-cache hit) with their spread, the ratios to FCFS, the checks of issue 37
 (output throughput >= 0.97x FCFS, p99 TTFT no worse, mean per-token latency
 <= 0.75x on the quiet burst), and LEAP's own accounting from ``/metrics``:
 seconds per component on the scheduler's step (``sched_*_seconds``), on the
@@ -227,38 +228,50 @@ def check_client() -> None:
         )
 
 
-def _run_once(spec, model, dataset, host, arrivals, stopping, args, work: Path, tag: str):
+def _serve_cells(spec, model, datasets, grid, args, work: Path, tag: str) -> dict[str, dict]:
+    """One server of one variant runs every cell of the grid in turn: each cell has prompts of
+    its own (``datasets[cell]``: nothing it asks is in the prefix cache), and LEAP's accounting
+    is each cell's difference of the counters (LEAP keeps learning across cells, as a server
+    does). Returns ``{cell: metrics}``."""
     from benchmarks.leap.serve import serve_args
     from vllm_ext.demo import extension_counters
     from vllm_ext.serving import VllmServer
 
     launcher, serve = serve_args(spec, "float32")
     server = VllmServer(str(model), serve, launcher=launcher, log_path=work / f"{tag}.log")
+    out: dict[str, dict] = {}
     with server:
-        neighbour = BusyNeighbour(args.neighbour_max_s) if host == "busy" else _NoNeighbour()
-        with neighbour:
-            cmd = bench_command(
-                server.base_url, str(model), str(dataset), args.requests, args.output_len,
-                arrivals, args.rate, stopping, str(work), f"{tag}.json",
-            )  # fmt: skip
-            subprocess.run(cmd, check=True)
-        counters = extension_counters(server.get("/metrics"))
-    metrics = parse_result(json.loads((work / f"{tag}.json").read_text()))
-    metrics.update({f"leap_{k}": v for k, v in leap_accounting(counters).items()})
-    return metrics
+        before = leap_accounting(extension_counters(server.get("/metrics")))
+        for host, arrivals, stopping in grid:
+            cell = f"{host}-{arrivals}-{stopping}"
+            result = f"{tag}-{cell}.json"
+            neighbour = BusyNeighbour(args.neighbour_max_s) if host == "busy" else _NoNeighbour()
+            with neighbour:
+                cmd = bench_command(
+                    server.base_url, str(model), str(datasets[cell]), args.requests,
+                    args.output_len, arrivals, args.rate, stopping, str(work), result,
+                )  # fmt: skip
+                subprocess.run(cmd, check=True)
+            after = leap_accounting(extension_counters(server.get("/metrics")))
+            metrics = parse_result(json.loads((work / result).read_text()))
+            deltas = {k: v - before.get(k, 0.0) for k, v in after.items()}
+            metrics.update({f"leap_{k}": v for k, v in deltas.items()})
+            out[cell] = metrics
+            before = after
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--requests", type=int, default=24, help="requests per cell")
     parser.add_argument("--offset", type=int, default=0, help="skip this many ShareGPT prompts")
-    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hosts", default="quiet,busy")
     parser.add_argument("--arrivals", default="burst,poisson")
     parser.add_argument("--stopping", default="natural,fixed")
-    parser.add_argument("--variants", default="fcfs,leap,leap_budget")
+    parser.add_argument("--variants", default="fcfs,leap")
     parser.add_argument("--budget", type=int, default=4096, help="leap_budget's token budget")
     parser.add_argument("--neighbour-max-s", type=float, default=1800.0)
     parser.add_argument("--out-dir", default=None, help="default: vllm_ext.bench.OUT_DIR")
@@ -272,27 +285,30 @@ def main(argv: list[str] | None = None) -> int:
     model = model_path("smollm2")
     specs = variants(str(leap_weights_path()), args.budget)
     specs = {name: specs[name] for name in args.variants.split(",")}
-    prompts = load_prompts("sharegpt", args.requests, seed=0, offset=args.offset)
     grid = cells(args.hosts.split(","), args.arrivals.split(","), args.stopping.split(","))
-    rows: dict[str, dict] = {}
-    throughput: dict[str, dict[str, list[float]]] = {}
+    names = [f"{h}-{a}-{s}" for h, a, s in grid]
+    prompts = load_prompts("sharegpt", args.requests * len(grid), seed=0, offset=args.offset)
+    runs: dict[str, dict[str, list[dict]]] = {c: {n: [] for n in specs} for c in names}
     with tempfile.TemporaryDirectory(prefix="leap-bench-serve-") as tmp:
         work = Path(tmp)
-        dataset = work / "prompts.jsonl"
-        rows_text = "\n".join(json.dumps(r) for r in dataset_rows(prompts, args.output_len))
-        dataset.write_text(rows_text + "\n")
-        for host, arrivals, stopping in grid:
-            cell = f"{host}-{arrivals}-{stopping}"
-            runs: dict[str, list[dict]] = {name: [] for name in specs}
-            for round_ in range(args.rounds):
-                for name, spec in specs.items():
-                    tag = f"{cell}-{name}-{round_}"
-                    runs[name].append(
-                        _run_once(spec, model, dataset, host, arrivals, stopping, args, work, tag)
-                    )
-            for name, row in summarize_cell(cell, runs).items():
-                rows[f"{cell}/{name}"] = row
-            throughput[cell] = {n: [r["output_throughput"] for r in rs] for n, rs in runs.items()}
+        datasets = {}
+        for i, cell in enumerate(names):
+            datasets[cell] = work / f"{cell}.jsonl"
+            mine = prompts[i * args.requests : (i + 1) * args.requests]
+            rows_text = "\n".join(json.dumps(r) for r in dataset_rows(mine, args.output_len))
+            datasets[cell].write_text(rows_text + "\n")
+        # round-robin: round i of every variant runs before round i + 1 of any
+        for round_ in range(args.rounds):
+            for name, spec in specs.items():
+                per_cell = _serve_cells(spec, model, datasets, grid, args, work, f"{name}-{round_}")
+                for cell, metrics in per_cell.items():
+                    runs[cell][name].append(metrics)
+    rows: dict[str, dict] = {}
+    throughput: dict[str, dict[str, list[float]]] = {}
+    for cell in names:
+        for name, row in summarize_cell(cell, runs[cell]).items():
+            rows[f"{cell}/{name}"] = row
+        throughput[cell] = {n: [r["output_throughput"] for r in rs] for n, rs in runs[cell].items()}
     config = {k: v for k, v in vars(args).items() if k != "out_dir"}
     result = build_result(rows, throughput, config, collect_fingerprint())
     paths = write_result(result, args.out_dir or OUT_DIR)
