@@ -285,7 +285,7 @@ def counter_specs(system: str) -> tuple[list[tuple[str, str]], str]:
     tree = ast.parse((REPO / "vllm_ext" / "flide" / "api.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_COUNTERS":
-            return list(ast.literal_eval(node.value).items()), "none"
+            return list(ast.literal_eval(node.value).items()), CONNECTOR_LABELS
     raise LookupError("vllm_ext/flide/api.py no longer declares _COUNTERS; update docs/gen.py")
 
 

@@ -67,7 +67,8 @@ def test_classify_returns_one_answer_per_question(server):
          "duplicate question id"),
         ({"labels": LABELS, "items": [{"context": "word " * 3000, "questions": ["q?"]}]},
          "exceeds max_model_len"),
-        ({"labels": LABELS, "items": [ITEM], "temperature": 1}, "must be an object"),
+        ({"labels": LABELS, "items": [ITEM], "temperature": 1}, "unknown key(s) 'temperature'"),
+        ([LABELS, [ITEM]], "must be a JSON object"),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_400_and_the_server_keeps_serving(server, body, message):
@@ -78,16 +79,34 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(server, body, message):
     assert ok == 200
 
 
+def post_raw(server, data: bytes) -> int:
+    req = urllib.request.Request(server.base_url + "/v1/flide/classify", data=data,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
 def test_counters_on_metrics(server):
     from tests.e2e.conftest import metric_value
 
+    rejected = "vllm_ext:flide_rejected_requests_total"
     post(server, {"labels": LABELS, "items": [ITEM]})
-    post(server, {"labels": LABELS, "items": []})
+    before = metric_value(server.get("/metrics"), rejected) or 0.0
+    # every kind of malformed request counts: a bad item, broken JSON, a non-object, a stray key
+    assert post(server, {"labels": LABELS, "items": []})[0] == 400
+    assert post_raw(server, b"{not json") == 400
+    assert post(server, [LABELS])[0] == 400
+    assert post(server, {"labels": LABELS, "items": [ITEM], "top_k": 3})[0] == 400
     text = server.get("/metrics")
     assert metric_value(text, "vllm_ext:flide_questions_total") >= 2
     assert metric_value(text, "vllm_ext:flide_passes_total") >= 1
     assert metric_value(text, "vllm_ext:flide_packed_tokens_total") > 0
-    assert metric_value(text, "vllm_ext:flide_rejected_requests_total") >= 1
+    assert metric_value(text, rejected) == before + 4
+    # labelled like vLLM's own metrics (and our other systems')
+    assert 'vllm_ext:flide_questions_total{engine="0",model_name="tiny"}' in text
 
 
 def test_the_same_server_still_generates(server):

@@ -47,8 +47,14 @@ _COUNTERS = {
 }
 
 
-def _counters() -> dict:
-    """Create the counters once per process (vLLM may build the app more than once)."""
+# the labels vLLM's engine metrics (and our other systems' counters) carry
+LABELS = ("model_name", "engine")
+BODY_KEYS = ("items", "labels", "model")
+
+
+def _counters(model_name: str, engine: str = "0") -> dict:
+    """The counters of one served model: created once per process (vLLM may build the app
+    more than once), labelled like vLLM's own metrics."""
     from prometheus_client import REGISTRY, Counter
 
     global _METRICS
@@ -56,13 +62,31 @@ def _counters() -> dict:
         names = {name: f"vllm_ext:flide_{name}" for name in _COUNTERS}
         existing = getattr(REGISTRY, "_names_to_collectors", {})
         _METRICS = {
-            key: existing.get(name) or Counter(name, "Flide: " + _COUNTERS[key])
+            key: existing.get(name) or Counter(name, "Flide: " + _COUNTERS[key], LABELS)
             for key, name in names.items()
         }
-    return _METRICS
+    return {key: counter.labels(model_name, engine) for key, counter in _METRICS.items()}
 
 
 _METRICS: dict | None = None
+
+
+def _served_name(args) -> str:
+    """The first ``--served-model-name`` (what clients send), else the model path."""
+    names = getattr(args, "served_model_name", None)
+    if isinstance(names, (list, tuple)) and names:
+        return str(names[0])
+    return str(names or getattr(args, "model", ""))
+
+
+def _body_problem(body) -> str | None:
+    """Why a parsed body is not a classify request, naming the offending keys."""
+    if not isinstance(body, dict):
+        return f"body must be a JSON object with 'labels' and 'items', got {type(body).__name__}"
+    unknown = sorted(set(body) - set(BODY_KEYS))
+    if unknown:
+        return f"unknown key(s) {', '.join(map(repr, unknown))} (allowed: {', '.join(BODY_KEYS)})"
+    return None
 
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
@@ -87,7 +111,7 @@ class FlideEndpoint:
             state.flide_config, engine_step_tokens(getattr(engine_client, "vllm_config", None))
         )
         state.flide_engine = engine_client
-        state.flide_counters = _counters()
+        state.flide_counters = _counters(_served_name(args))
 
 
 async def classify(request: Request) -> JSONResponse:
@@ -99,10 +123,12 @@ async def classify(request: Request) -> JSONResponse:
     try:
         body = await request.json()
     except ValueError:
+        state.flide_counters["rejected_requests"].inc()
         return _error(400, "request body is not valid JSON", "invalid_request_error")
-    if not isinstance(body, dict) or set(body) - {"labels", "items", "model"}:
-        return _error(400, "body must be an object with 'labels' and 'items'",
-                      "invalid_request_error")  # fmt: skip
+    problem = _body_problem(body)
+    if problem is not None:
+        state.flide_counters["rejected_requests"].inc()
+        return _error(400, problem, "invalid_request_error")
     tokenizer = engine.get_tokenizer()
 
     def tokenize(text: str, special: bool) -> list[int]:
