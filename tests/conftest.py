@@ -34,8 +34,17 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def _tp2_skip_reason() -> str | None:
+    # os.sched_getaffinity: the CPUs this process may use, which a container or taskset limits
+    usable = len(os.sched_getaffinity(0))
+    return f"tensor parallel 2 needs 2 usable CPUs, found {usable}" if usable < 2 else None
+
+
 def pytest_collection_modifyitems(config, items):
     skip_reasons = {}
+    tp2_reason = _tp2_skip_reason()
+    if tp2_reason is not None:
+        skip_reasons["tp2"] = tp2_reason
     if not _has_vllm():
         skip_reasons["engine"] = skip_reasons["e2e"] = "vLLM is not installed"
     if not _has_cuda():

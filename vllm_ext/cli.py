@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 
+from vllm_ext.common import parallel_gate
 from vllm_ext.common.config import ConfigError
 from vllm_ext.common.systems import additional_config_from_argv, validate_additional_config
 from vllm_ext.histate.folder_safety import folder_refusal
@@ -67,6 +68,9 @@ def serve(argv: list[str]) -> int:
     if refused is None and "histate" in plugins:
         # a folder others could write may already hold planted snapshots: refuse before vLLM
         refused = folder_refusal(configs["histate"])
+    if refused is None:
+        # ACCT/ARK on several ranks, ETAPS row-parallel, Flide pipeline-parallel
+        refused = parallel_gate.refusal(plan.argv[2:])
     if refused is not None:
         sys.stderr.write(f"vllm-ext serve: error: {refused}\n")
         return 2

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllm_ext.common import parallel_gate
 from vllm_ext.common.config import (
     ENV_PREFIX,
     ConfigError,
@@ -215,7 +216,9 @@ def validate_serve_argv(argv: Sequence[str], environ: Mapping[str, str] = os.env
     add choices), in the API server and again in each child process (whose
     ``sys.argv`` is the parent's), so this is the earliest point a plugin sees
     the user's config under plain ``vllm serve``. A bad config ends the process
-    with one line on stderr and exit status 2, as an argparse error would.
+    with one line on stderr and exit status 2, as an argparse error would; so
+    does a system that refuses the tensor/pipeline parallel sizes asked for
+    (:mod:`vllm_ext.common.parallel_gate`).
     Other processes (an offline ``LLM``, pytest) check at engine start instead.
     """
     global _validated
@@ -231,3 +234,5 @@ def validate_serve_argv(argv: Sequence[str], environ: Mapping[str, str] = os.env
         sys.stderr.write(f"vllm serve: error: {exc}\n")
         sys.stderr.flush()
         raise SystemExit(2) from None
+    # a system that cannot run on this many ranks: one line now, not a worker's traceback later
+    parallel_gate.refuse_serve(argv)

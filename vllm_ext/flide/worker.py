@@ -5,7 +5,12 @@ vLLM mixes it into its worker class, and callers reach it through
 ``collective_rpc("flide_classify", args=(payload,))`` — ``LLM.collective_rpc``
 offline, ``EngineClient.collective_rpc`` from the HTTP endpoint. The call runs
 between engine steps, on the weights vLLM loaded, and never touches the KV
-cache (see :mod:`vllm_ext.flide.forward`).
+cache (see :mod:`vllm_ext.flide.forward`). Under tensor parallelism
+``collective_rpc`` runs it on every rank with the same payload: each rank
+validates it (so all refuse a bad one, and none waits in a collective), packs
+the same sequence and computes its share of the heads; the model's own
+all-reduces join the ranks, and callers read rank 0's answer
+(``tests/engine/test_flide_tp2.py``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ Chunked prefill, prefix-cache hits (the first computed chunk starts past the
 cached tokens) and preemption (the prompt is recomputed and the vector
 re-sent) fall out of that mapping.
 
+Under tensor parallelism every rank's hook sees the whole hidden state: the
+layer's row-parallel projections all-reduce before the layer returns. Each
+rank sends the same vectors; ``LeapWorkerMetadata.aggregate`` keeps one per
+request (tested at TP=2 against TP=1: ``tests/engine/test_leap_tp2.py``).
+
 With ``refine_every = k > 0`` :meth:`ProbeState.collect` also returns,
 every k output tokens, the same layer's state at the decoding token: the
 remaining-length refinement (TRAIL-style) reads it from the same buffer.
