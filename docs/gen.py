@@ -92,7 +92,7 @@ CITED = (
     ("leap", "leap_heads", "ranking quality of LEAP's ridge head vs other heads on the probe"),
     ("histate", "histate_sim", "simulated 7B hybrid on an H200 + NVMe, agentic traces"),
     ("histate", "histate_engine", "agentic sessions on the tiny hybrid, real engine, CPU"),
-    ("histate", "histate_tails", "multi-turn ShareGPT chat on the real engine: tails vs align mode"),
+    ("histate", "histate_tails", "multi-turn ShareGPT chat, real engine: tails vs align mode"),
     ("histate", "histate_policies",
      "recomputed prefill tokens per policy, 3 traces, host DRAM sweep, Qwen3-Next-80B cost model"),
     ("flide", "flide", "64 BFCL questions about one 1024-token context, tiny hybrid"),
