@@ -116,8 +116,6 @@ def test_plugin_entry_point_is_reentrant_and_imports_no_vllm():
 # every vllm.general_plugins entry point of pyproject.toml, called twice (vLLM calls them in
 # every process), then what each must have put in vLLM's registries, resolved by vLLM itself
 _REGISTERED = """
-import sys
-sys.argv = ["vllm", "serve"]
 from vllm_ext import plugin
 from vllm_ext.histate import plugin as histate_plugin
 from vllm_ext.leap import plugin as leap_plugin
