@@ -51,3 +51,8 @@ def test_home_is_expanded(disk, tmp_path, monkeypatch):
 
 def test_free_space_is_read_at_the_nearest_existing_folder(tmp_path):
     assert ssd_tier.free_bytes(str(tmp_path / "a" / "b")) == shutil.disk_usage(tmp_path).free
+
+
+def test_the_config_expands_home_so_every_reader_sees_the_users_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert HiStateConfig(directory="~/.cache/histate").directory == f"{tmp_path}/.cache/histate"

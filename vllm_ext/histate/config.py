@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -134,6 +135,9 @@ class HiStateConfig:
             raise ConfigError(
                 f"HiStateConfig.directory must be a non-empty path or None, got {self.directory!r}"
             )
+        if self.directory is not None:
+            # "~/.cache/..." means the user's folder everywhere it is read (folder checks too)
+            object.__setattr__(self, "directory", os.path.expanduser(self.directory))
         _check_float("time_weight", self.time_weight, lambda v: v >= 0, ">= 0")
         _check_float("prefill_s_per_token", self.prefill_s_per_token, lambda v: v > 0, "> 0")
         _check_float("prefill_s_per_token2", self.prefill_s_per_token2, lambda v: v >= 0, ">= 0")
