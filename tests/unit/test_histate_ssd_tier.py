@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections import namedtuple
 
@@ -37,10 +38,21 @@ def test_capacity_is_the_disks_free_space_plus_the_folders_own_files(disk, tmp_p
     assert f"SSD tier in {folder}, capacity 6 MiB (ssd_bytes 262144 MiB" in caplog.text
 
 
-def test_a_smaller_setting_is_kept_and_no_folder_means_no_change(disk, tmp_path):
+def test_a_smaller_setting_is_kept_and_no_ssd_tier_means_no_change(disk, tmp_path):
     config = HiStateConfig(directory=str(tmp_path / "not-yet"), ssd_bytes=MIB)
     assert ssd_tier.sized_ssd_tier(config).ssd_bytes == MIB
-    assert ssd_tier.sized_ssd_tier(HiStateConfig()) == HiStateConfig()
+    assert ssd_tier.sized_ssd_tier(HiStateConfig(ssd_bytes=0)) == HiStateConfig(ssd_bytes=0)
+
+
+def test_without_a_folder_the_tier_is_in_the_user_cache_folder(disk, tmp_path):
+    xdg = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    sized = ssd_tier.sized_ssd_tier(HiStateConfig(), environ=xdg)
+    assert sized.directory == str(tmp_path / "xdg" / "vllm_ext" / "histate")
+    assert sized.ssd_bytes == 5 * MIB
+    # a relative XDG_CACHE_HOME is ignored, as the XDG spec asks
+    home = os.path.expanduser("~")
+    assert ssd_tier.default_directory({"XDG_CACHE_HOME": "rel"}) == \
+        f"{home}/.cache/vllm_ext/histate"  # fmt: skip
 
 
 def test_home_is_expanded(disk, tmp_path, monkeypatch):

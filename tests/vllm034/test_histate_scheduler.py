@@ -62,6 +62,7 @@ def _scheduler() -> Scheduler:
             "kv_connector_module_path": "vllm_ext.histate.connector",
             "kv_role": "kv_both",
         },
+        additional_config={"histate": {"ssd_bytes": 0}},  # host tier only: no files
     )  # fmt: skip
     vllm_config = args.create_engine_config()
     cache = vllm_config.cache_config

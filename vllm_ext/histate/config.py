@@ -47,11 +47,13 @@ class HiStateConfig:
     host_bytes: int = option(32 * GIB, doc="host-memory tier capacity, KV + snapshots (>= 0)")
     ssd_bytes: int = option(
         256 * GIB,
-        doc="SSD tier capacity, snapshots only (>= 0); capped at start by the free space on "
-        "the folder's disk (plus what the folder holds), logged",
+        doc="SSD tier capacity, snapshots only (>= 0; 0 = no SSD tier); capped at start by the "
+        "free space on the folder's disk (plus what the folder holds), logged",
     )
     directory: str | None = option(
-        None, doc="SSD tier folder (created if missing; '~' expands); None = no SSD tier"
+        None,
+        doc="SSD tier folder (created if missing; '~' expands); None = the user cache folder, "
+        "$XDG_CACHE_HOME/vllm_ext/histate (else ~/.cache/vllm_ext/histate)",
     )
     policy: Literal["lru", "marconi", "histate"] = option(
         "histate",

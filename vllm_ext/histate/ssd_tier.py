@@ -1,6 +1,9 @@
-"""The SSD tier's folder and size as served: ``~`` expanded, capacity capped by the disk.
+"""The SSD tier's folder and size as served: a user cache folder by default, capacity
+capped by the disk.
 
-``ssd_bytes`` is what the user allows; the disk may hold less. The tier's
+Without ``directory`` the tier lives in the user's cache folder
+(:func:`default_directory`), never in whatever folder the server was started
+from. ``ssd_bytes`` is what the user allows; the disk may hold less. The tier's
 capacity is ``min(ssd_bytes, free space on the folder's disk + bytes already in
 the folder)`` (the folder's own files are ours to replace), decided once at
 start and logged with the folder, so a default of 256 GiB on a nearly full disk
@@ -19,6 +22,14 @@ from vllm_ext.histate.config import HiStateConfig
 
 logger = get_logger(__name__)
 MIB = 1 << 20
+
+
+def default_directory(environ=os.environ) -> str:
+    """``$XDG_CACHE_HOME/vllm_ext/histate``, else ``~/.cache/vllm_ext/histate``."""
+    base = environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec: a relative value is to be ignored
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "vllm_ext", "histate")
 
 
 def free_bytes(path: str) -> int:
@@ -44,11 +55,12 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def sized_ssd_tier(config: HiStateConfig) -> HiStateConfig:
-    """``config`` with ``directory`` expanded (``~``) and ``ssd_bytes`` capped by the disk."""
-    if config.directory is None or config.ssd_bytes == 0:
+def sized_ssd_tier(config: HiStateConfig, environ=os.environ) -> HiStateConfig:
+    """``config`` with its SSD folder decided (the default when unset) and ``ssd_bytes``
+    capped by the disk; unchanged without an SSD tier (``ssd_bytes`` 0)."""
+    if config.ssd_bytes == 0:
         return config
-    directory = os.path.abspath(os.path.expanduser(config.directory))
+    directory = os.path.abspath(config.directory or default_directory(environ))
     available = free_bytes(directory) + folder_bytes(directory)
     capacity = min(config.ssd_bytes, available)
     logger.info(
