@@ -77,6 +77,7 @@ def test_gauges_send_their_latest_change_and_histograms_every_observation():
     c.observe("wait_seconds", 2.0)
     assert c.drain() == {"hits": 1.0, "gauge:used_bytes:host": 20.0, "gauge:queue": 3.0,
                          "hist:wait_seconds": [0.5, 2.0]}  # fmt: skip
+    assert c.observed("wait_seconds") == 2
     c.set("queue", 3)  # unchanged: nothing to send
     assert c.drain() == {} and c.gauge("queue") == 3.0 and c.gauge("used_bytes", "ssd") is None
 

@@ -83,6 +83,7 @@ class Counters:
         self._totals = dict.fromkeys(counters, 0.0)
         self._pending = dict.fromkeys(counters, 0.0)
         self._gauges: dict[str, float] = {}
+        self._observed = dict.fromkeys(self._hist_names, 0)
         self._pending_other: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -110,6 +111,12 @@ class Counters:
             raise KeyError(f"unknown histogram {name!r} for {self.system}")
         with self._lock:
             self._pending_other.setdefault(HIST + name, []).append(float(value))
+            self._observed[name] += 1
+
+    def observed(self, name: str) -> int:
+        """Observations of histogram ``name`` since this object was created."""
+        with self._lock:
+            return self._observed[name]
 
     def inc(self, name: str, amount: float = 1.0) -> None:
         """Add ``amount`` (≥ 0) to counter ``name``."""
