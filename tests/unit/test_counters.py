@@ -127,10 +127,22 @@ def test_gauges_and_histograms_reach_prometheus_in_vllm_naming():
     stats = first.aggregate(CounterStats(data=c.drain()))
     metrics.observe(stats.data, engine_idx=0)
     text = prometheus_client.generate_latest().decode()
-    labels = 'model_name="m",engine="0"'
-    assert f"vllm_ext:sys_hits_total{{{labels}}} 2.0" in text
-    assert f'vllm_ext:sys_used_bytes{{{labels},tier="host"}} 7.0' in text
-    assert f"vllm_ext:sys_queue{{{labels}}} 6.0" in text
-    assert f"vllm_ext:sys_wait_seconds_count{{{labels}}} 2.0" in text
-    assert f'vllm_ext:sys_wait_seconds_bucket{{{labels},le="0.1"}} 1.0' in text
+    base = {"model_name": "m", "engine": "0"}
+    assert _sample(text, "vllm_ext:sys_hits_total", base) == 2.0
+    assert _sample(text, "vllm_ext:sys_used_bytes", {**base, "tier": "host"}) == 7.0
+    assert _sample(text, "vllm_ext:sys_queue", base) == 6.0
+    assert _sample(text, "vllm_ext:sys_wait_seconds_count", base) == 2.0
+    assert _sample(text, "vllm_ext:sys_wait_seconds_bucket", {**base, "le": "0.1"}) == 1.0
     assert stats.reduce()["hist:wait_seconds"] == 2
+
+
+def _sample(text: str, name: str, labels: dict) -> float | None:
+    """The value of sample ``name`` with exactly ``labels`` on a Prometheus text page
+    (whatever order the exporter writes the labels in)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return None
