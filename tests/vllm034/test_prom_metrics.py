@@ -23,9 +23,15 @@ def _prom(connector: str, module: str) -> KVConnectorProm:
 
 
 def _sample(text: str, name: str, labels: str) -> float:
-    match = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.MULTILINE)
-    assert match is not None, (name, labels)
-    return float(match.group(1))
+    """Sample ``name`` whose labels are exactly ``labels`` (``k="v"`` pairs), in any order."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == wanted:
+                return sample.value
+    raise AssertionError((name, labels))
 
 
 def test_histate_tier_gauges_and_restore_histogram_reach_metrics():
