@@ -21,7 +21,7 @@ STAMP := $(VENV)/.vllm_ext-installed
 BENCH_SYSTEMS := suite leap histate flide memx acct ark tvq etaps
 
 .PHONY: install assets releases test test-unit test-engine test-e2e test-gpu test-034 demo bench bench-deps \
-        $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed compat lint clean
+        $(addprefix bench-,$(BENCH_SYSTEMS)) ark-testbed compat lint clean mutants
 
 install: $(STAMP)
 
@@ -73,6 +73,11 @@ test-gpu: assets
 
 demo: assets
 	$(PY) -m vllm_ext.demo
+
+# per system, disable its core decision and run the tests that must then fail (minutes; not
+# part of `make test`): tests/mutants/table.py, writes docs/mutants.md
+mutants: assets
+	$(PY) -m tests.mutants.run --baseline
 
 .PHONY: docs
 # regenerate the tables in README.md and docs/*.md from the config dataclasses, the counter

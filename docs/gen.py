@@ -272,16 +272,17 @@ def render_config(system: str) -> str:
     return text
 
 
-def counter_specs(system: str) -> tuple[list[tuple[str, str]], str]:
-    """``([(counter, help)], labels)`` from the system's declarations, without importing vLLM."""
+def counter_specs(system: str) -> tuple[list, str]:
+    """``([spec or (counter, help)], labels)`` from the system's declarations, without
+    importing vLLM."""
     if system == "leap":
         from vllm_ext.leap.runtime import COUNTERS
 
-        return [(c.name, c.doc) for c in COUNTERS], CONNECTOR_LABELS
+        return list(COUNTERS), CONNECTOR_LABELS
     if system == "histate":
         from vllm_ext.histate.runtime import COUNTER_SPECS
 
-        return [(c.name, c.doc) for c in COUNTER_SPECS], CONNECTOR_LABELS
+        return list(COUNTER_SPECS), CONNECTOR_LABELS
     # Flide's counters live in its API-server module, which imports vLLM: read them from source
     tree = ast.parse((REPO / "vllm_ext" / "flide" / "api.py").read_text())
     for node in tree.body:
@@ -303,11 +304,20 @@ def unit_of(counter: str) -> str:
 
 
 def render_metrics(system: str) -> str:
+    from vllm_ext.common.counters import GaugeSpec, HistogramSpec
+
     specs, labels = counter_specs(system)
     rows = ["| Name | Type | Unit | Labels | Meaning |", "|---|---|---|---|---|"]
-    for name, doc in specs:
-        metric = f"vllm_ext:{system}_{name}_total"
-        rows.append(f"| `{metric}` | counter | {unit_of(name)} | {labels} | {doc} |")
+    for spec in specs:
+        name, doc = (spec.name, spec.doc) if hasattr(spec, "doc") else spec
+        kind, suffix, own = "counter", "_total", labels
+        if isinstance(spec, GaugeSpec):
+            kind, suffix = "gauge", ""
+            own = f"{labels}, `{spec.label}`" if spec.label else labels
+        elif isinstance(spec, HistogramSpec):
+            kind, suffix = "histogram", ""
+        metric = f"vllm_ext:{system}_{name}{suffix}"
+        rows.append(f"| `{metric}` | {kind} | {unit_of(name)} | {own} | {doc} |")
     return "\n".join(rows)
 
 

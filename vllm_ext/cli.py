@@ -12,11 +12,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import subprocess
 import sys
 
 from vllm_ext.common import parallel_gate
 from vllm_ext.common.config import ConfigError
-from vllm_ext.common.systems import additional_config_from_argv, validate_additional_config
+from vllm_ext.common.systems import (
+    additional_config_from_argv,
+    check_config_paths,
+    validate_additional_config,
+)
 from vllm_ext.histate.folder_safety import folder_refusal
 from vllm_ext.launcher import SYSTEMS, LaunchError, compose, parse_plugin_list
 from vllm_ext.leap import runner_gate
@@ -40,21 +46,41 @@ def _general_plugin_names() -> list[str]:
     return [ep.name for ep in entry_points(group="vllm.general_plugins")]
 
 
+def _plain_text(doc: str) -> str:
+    """A reST docstring as a terminal shows it: ``code`` and :role:`target` lose their markup."""
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc)
+    return doc.replace("``", "")
+
+
+def _is_help(arg: str) -> bool:
+    return arg in ("-h", "--help") or arg.startswith("--help=")
+
+
 def serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="vllm-ext serve",
         description="vllm serve with vllm_ext systems enabled by name",
-        epilog="All other arguments go to vllm serve unchanged.",
+        epilog="All other arguments go to vllm serve unchanged; its own help follows.",
+        add_help=False,
     )
     parser.add_argument("model")
     valid = ", ".join(sorted(SYSTEMS)) or "(none yet)"
     parser.add_argument("--plugins", default="", help=f"comma-separated systems: {valid}")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")
+    parser.add_argument(
+        "-h", "--help", action="store_true", help="this help, then vllm serve's (--help=...: its)"
+    )
+    if any(_is_help(arg) for arg in argv):
+        # ours first, then vLLM's own options: every one of them passes through
+        _emit(parser.format_help())
+        helps = [arg for arg in argv if _is_help(arg)]
+        return subprocess.call([*_vllm_cli_argv(), "serve", *helps])
     args, vllm_args = parser.parse_known_args(argv)
     try:
         configs = validate_additional_config(
             additional_config_from_argv(vllm_args) or {}, os.environ
         )
+        check_config_paths(configs)
     except ConfigError as exc:
         # one line, before vLLM is imported: the config is the user's to fix, not a crash
         sys.stderr.write(f"vllm-ext serve: error: {exc}\n")
@@ -91,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"serve": serve, "demo": _demo, "assets": _assets, "bench": _bench, "memx": _memx}
     if not argv or argv[0] not in commands:
-        _emit(f"usage: vllm-ext {{{','.join(commands)}}} ...\n\n{__doc__}")
+        _emit(f"usage: vllm-ext {{{','.join(commands)}}} ...\n\n{_plain_text(__doc__)}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     return commands[argv[0]](argv[1:])
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.histate.replay import ClosedLoopReplay, Turn
+from vllm_ext.common.counters import CounterSpec
 from vllm_ext.histate.traces import load_trace
 from vllm_ext.launcher import SYSTEMS
 
@@ -132,7 +133,8 @@ def counters_of(llm) -> dict[str, float]:
     if connector is None:
         return {}
     connector.runtime.drain()
-    return {spec.name: connector.counters.value(spec.name) for spec in connector.COUNTER_SPECS}
+    return {spec.name: connector.counters.value(spec.name) for spec in connector.COUNTER_SPECS
+            if isinstance(spec, CounterSpec)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,8 +50,9 @@ HISTATE = {
 VARIANTS = {
     "align": {},
     "align_fine": {"prefix_match_unit": 16, "enable_mamba_shared_prefix_checkpoint": True},
-    "histate_blocks": {"histate": {"host_bytes": 256 << 20, "tail_snapshots": False}},
-    "histate": {"histate": {"host_bytes": 256 << 20}},
+    "histate_blocks": {"histate": {"host_bytes": 256 << 20, "ssd_bytes": 0,
+                                   "tail_snapshots": False}},
+    "histate": {"histate": {"host_bytes": 256 << 20, "ssd_bytes": 0}},
 }
 CHARS_PER_TOKEN = 4
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -20,8 +21,10 @@ SERVE_ARGS = [
 
 
 def server_env() -> dict[str, str]:
-    # the counting connector is imported from tests/ inside EngineCore and worker
-    return {"PYTHONPATH": str(REPO), "VLLM_LOGGING_LEVEL": "INFO"}
+    # the counting connector is imported from tests/ inside EngineCore and worker; entries
+    # already on PYTHONPATH stay behind it (make mutants puts its sitecustomize there)
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    return {"PYTHONPATH": path, "VLLM_LOGGING_LEVEL": "INFO"}
 
 
 def metric_value(text: str, name: str) -> float | None:

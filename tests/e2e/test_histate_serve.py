@@ -69,6 +69,16 @@ def test_restored_prefix_answers_identically_and_is_counted(server):
     text = server.get("/metrics")
     assert metric_value(text, "vllm_ext:histate_snapshots_loaded_host_total") == 1
     assert "# HELP vllm_ext:histate_ssd_corrupt_total" in text
+    # the gauges and the histogram users graph: tier occupancy, restore latency
+    assert "# TYPE vllm_ext:histate_tier_used_bytes gauge" in text
+    host = re.search(r'^vllm_ext:histate_tier_used_bytes\{[^}]*tier="host"[^}]*\} (\S+)$', text,
+                     re.MULTILINE)  # fmt: skip
+    assert host is not None and float(host.group(1)) > 0, text
+    capacity = re.search(r'^vllm_ext:histate_tier_capacity_bytes\{[^}]*tier="host"[^}]*\} (\S+)$',
+                         text, re.MULTILINE)  # fmt: skip
+    assert capacity is not None and float(capacity.group(1)) == 256 << 20
+    assert "# TYPE vllm_ext:histate_restore_seconds histogram" in text
+    assert metric_value(text, "vllm_ext:histate_restore_seconds_count") == 1
 
 
 def test_plain_plugins_histate_refuses_naming_the_flag(tmp_path):

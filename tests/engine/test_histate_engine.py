@@ -96,7 +96,7 @@ def counter(llm, name: str) -> float:
     return scheduler_of(llm).connector.counters.value(name) + worker_of(llm).counters.value(name)
 
 
-IDLE = {"requests": 0, "plans": 0, "loads": 0, "inflight": 0, "staging": 0}
+IDLE = {"requests": 0, "plans": 0, "loads": 0, "inflight": 0, "staging": 0, "hits_waiting": 0}
 
 
 def settle(llm) -> None:

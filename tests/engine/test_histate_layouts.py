@@ -33,7 +33,8 @@ class _Lines(logging.Handler):
 
 
 def test_float32_state_layout_restores_the_cold_tokens():
-    kwargs = {**histate_kwargs(host_bytes=64 << 20), "mamba_ssm_cache_dtype": "float32"}
+    kwargs = {**histate_kwargs(host_bytes=64 << 20, ssd_bytes=0),
+              "mamba_ssm_cache_dtype": "float32"}  # fmt: skip
     logger = logging.getLogger("vllm.vllm_ext.histate.connector")
     lines, level = _Lines(), logger.level
     logger.addHandler(lines)

@@ -65,7 +65,7 @@ def _generate(llm, prompt, n: int, salt: str | None = None, logprobs: int | None
 @pytest.fixture(scope="module")
 def tails_engine():
     print(f"test_histate_tails: VLLMEXT_TEST_SEED={SEED}")
-    with engine(MODEL, **histate_kwargs(host_bytes=256 << 20)) as llm:
+    with engine(MODEL, **histate_kwargs(host_bytes=256 << 20, ssd_bytes=0)) as llm:
         conn = scheduler_of(llm).connector
         assert conn.side._tail_extra is not None, "tails are on by default"
         yield llm, conn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
@@ -107,8 +108,41 @@ def test_plugin_entry_point_is_reentrant_and_imports_no_vllm():
         "import sys; sys.modules['vllm'] = None\n"
         "from vllm_ext.plugin import register\n"
         "register(); register()\n"
+        "assert 'vllm_ext.etaps.linear_method' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# every vllm.general_plugins entry point of pyproject.toml, called twice (vLLM calls them in
+# every process), then what each must have put in vLLM's registries, resolved by vLLM itself
+_REGISTERED = """
+from vllm_ext import plugin
+from vllm_ext.histate import plugin as histate_plugin
+from vllm_ext.leap import plugin as leap_plugin
+from vllm_ext.tvq import plugin as tvq_plugin
+for register in (plugin.register, leap_plugin.register, tvq_plugin.register,
+                 histate_plugin.register) * 2:
+    register()
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+from vllm.model_executor import model_loader
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+print(KVConnectorFactory.get_connector_class_by_name("LeapConnector").__module__)
+print(model_loader._LOAD_FORMAT_TO_MODEL_LOADER["leap"].__module__)
+print(get_quantization_config("tvq").__module__)
+print(get_quantization_config("etaps").__module__)
+print(CachePolicyFactory.get_cache_policy_cls("histate").__module__)
+"""
+
+
+def test_plugin_entry_points_register_our_classes_in_vllms_registries():
+    pytest.importorskip("vllm")
+    out = subprocess.run([sys.executable, "-c", _REGISTERED], capture_output=True, text=True,
+                         check=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})  # fmt: skip
+    modules = out.stdout.split()[-5:]
+    assert modules == ["vllm_ext.leap.connector", "vllm_ext.leap.loader",
+                       "vllm_ext.tvq.linear_method", "vllm_ext.etaps.linear_method",
+                       "vllm_ext.histate.cache_policy"], out.stdout + out.stderr  # fmt: skip
 
 
 def test_every_module_that_imports_vllm_is_an_adapter_the_check_imports():

@@ -221,3 +221,78 @@ def test_cli_refuses_an_old_env_var_and_accepts_a_good_config(tmp_path):
     result = _cli("--plugins", "histate", "--additional-config", good, "--dry-run")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--additional-config" in result.stdout
+
+
+def test_every_setting_that_names_an_existing_file_or_folder_is_marked():
+    from vllm_ext.common.config import path_fields
+
+    marked = {(s, f.name) for s in SYSTEM_CONFIGS for f in path_fields(config_class(s))}
+    assert marked == {("leap", "weights_path"), ("leap", "refine_weights_path"),
+                      ("ark", "fabric_file"), ("ark", "secret_file"), ("acct", "checkpoint")}
+
+
+@pytest.mark.parametrize(
+    "system, key, kind",
+    [("leap", "weights_path", "file"), ("leap", "refine_weights_path", "file"),
+     ("ark", "fabric_file", "file"), ("ark", "secret_file", "file"),
+     ("acct", "checkpoint", "folder")],
+)  # fmt: skip
+def test_a_missing_path_is_one_line_before_vllm_and_an_existing_one_passes(
+    tmp_path, system, key, kind
+):
+    missing = str(tmp_path / "missing")
+    config = json.dumps({system: {key: missing}})
+    result = _cli("--plugins", system, "--additional-config", config, "--dry-run")
+    imported, messages = _split_importtime(result.stderr)
+    assert result.returncode == 2 and result.stdout == ""
+    assert messages == [
+        f'vllm-ext serve: error: additional_config["{system}"].{key}: no such {kind} {missing!r}'
+    ]
+    assert not [m for m in imported if m == "vllm" or m.startswith("vllm.")], imported
+    # the same check under plain `vllm serve`, from the general plugin (before vLLM parses)
+    existing = tmp_path / "there"
+    existing.mkdir() if kind == "folder" else existing.write_text("x")
+    configs = validate_additional_config({system: {key: str(existing)}}, environ={})
+    systems.check_config_paths(configs)
+    configs = validate_additional_config({system: {key: missing}}, environ={})
+    with pytest.raises(ConfigError, match="no such"):
+        systems.check_config_paths(configs)
+
+
+def test_acct_identity_is_not_a_path_and_a_relative_path_names_the_folder_it_was_read_in():
+    systems.check_config_paths(validate_additional_config({"acct": {"checkpoint": "identity"}},
+                                                          environ={}))  # fmt: skip
+    configs = validate_additional_config({"leap": {"weights_path": "w.npz"}}, environ={})
+    with pytest.raises(ConfigError, match=r"no such file 'w\.npz' \(relative to /"):
+        systems.check_config_paths(configs)
+
+
+def test_serve_argv_check_refuses_a_missing_path(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(systems, "_validated", False)
+    config = json.dumps({"ark": {"fabric_file": str(tmp_path / "fabric.json")}})
+    with pytest.raises(SystemExit) as exit_info:
+        systems.validate_serve_argv(["vllm", "serve", "m", "--additional-config", config],
+                                    environ={})  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ark" in err and "fabric_file: no such file" in err
+
+
+def test_top_level_help_shows_no_rest_markup():
+    result = subprocess.run([sys.executable, "-m", "vllm_ext.cli", "--help"], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0
+    assert "vllm-ext serve MODEL --plugins leap,histate" in result.stdout
+    assert "`" not in result.stdout, result.stdout
+
+
+def test_serve_help_shows_ours_then_vllm_serves_own():
+    pytest.importorskip("vllm")
+    result = subprocess.run([sys.executable, "-m", "vllm_ext.cli", "serve", "--help"],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    ours = result.stdout.index("--plugins")
+    assert ours < result.stdout.index("--dry-run")
+    # vLLM's own serve help comes after ours (its usage line, then its config groups)
+    theirs = result.stdout.index("usage: vllm serve")
+    assert ours < theirs and "ModelConfig" in result.stdout[theirs:], result.stdout[-3000:]

@@ -62,6 +62,7 @@ def _scheduler() -> Scheduler:
             "kv_connector_module_path": "vllm_ext.histate.connector",
             "kv_role": "kv_both",
         },
+        additional_config={"histate": {"ssd_bytes": 0}},  # host tier only: no files
     )  # fmt: skip
     vllm_config = args.create_engine_config()
     cache = vllm_config.cache_config
@@ -188,6 +189,12 @@ def test_a_prompt_stored_by_one_request_hits_after_vllms_cache_is_reset(histate_
     assert _counter(scheduler, "hit_tokens") == 3 * block
     assert _counter(scheduler, "kv_blocks_loaded") == 3
     assert _counter(scheduler, "snapshots_loaded_host") == 1
+    # the gauges and the histogram users graph: what the host tier holds, one restore
+    counters = connector.counters
+    assert counters.gauge("tier_used_bytes", "host") > 0
+    assert counters.gauge("tier_capacity_bytes", "host") == connector.config.host_bytes
+    assert counters.gauge("tier_capacity_bytes", "ssd") == 0  # ssd_bytes 0: no SSD tier
+    assert counters.observed("restore_seconds") == 1
     # nothing leaks: no pinned plan or per-request state, every device block free again
     assert connector.idle_state() == dict.fromkeys(connector.idle_state(), 0)
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == NUM_BLOCKS - 1

@@ -23,6 +23,8 @@ class AcctConfig:
 
     checkpoint: str | None = option(
         None,
+        path="dir",
+        not_paths=("identity",),
         doc="converter checkpoint folder from `python -m vllm_ext.acct train`, or 'identity' "
         "(the target's own KV: exact, as slow as a prefill; for plumbing checks); required",
     )

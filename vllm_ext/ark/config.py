@@ -36,6 +36,7 @@ class ArkConfig:
     port_count: int = option(16, doc="prefill side: number of candidate source ports (>= 1)")
     fabric_file: str | None = option(
         None,
+        path="file",
         doc="JSON with the host-to-leaf map and the probed path map "
         "(see docs/ark.md); None: paths unknown, each transfer keeps a random candidate port",
     )
@@ -58,6 +59,7 @@ class ArkConfig:
     )
     secret_file: str | None = option(
         None,
+        path="file",
         doc="file holding a shared secret (>= 16 bytes, the same on every instance; set this "
         "key or VLLMEXT_ARK_SECRET_FILE, never the secret itself): every KV frame and "
         "announcement carries an HMAC-SHA256 tag, and one without a valid tag is dropped and "

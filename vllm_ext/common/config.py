@@ -48,14 +48,63 @@ class ConfigError(ValueError):
     """A configuration value or key is invalid; the message names it."""
 
 
+# what a path-valued option names, which must exist before vLLM starts (check_paths)
+PATH_KINDS = {"file": "file", "dir": "folder"}
+
+
 def option(
-    default: Any = dataclasses.MISSING, *, doc: str, experimental: bool = False, **kwargs: Any
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str,
+    experimental: bool = False,
+    path: str | None = None,
+    not_paths: tuple[str, ...] = (),
+    **kwargs: Any,
 ) -> Any:
-    """A dataclass field with its documentation; ``experimental`` fields nest in the block."""
+    """A dataclass field with its documentation; ``experimental`` fields nest in the block.
+
+    ``path``: ``"file"`` or ``"dir"`` for a setting that names an existing file or folder
+    (``not_paths``: its values that are not paths, e.g. ``"identity"``); :func:`check_paths`
+    refuses a missing one before vLLM starts.
+    """
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple or default_factory for mutable defaults")
+    if path is not None and path not in PATH_KINDS:
+        raise TypeError(f"path must be one of {sorted(PATH_KINDS)}, got {path!r}")
     metadata = {"doc": doc, "experimental": experimental}
+    if path is not None:
+        metadata.update(path=path, not_paths=tuple(not_paths))
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def path_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of ``cls`` that name an existing file or folder."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("path")]
+
+
+def check_paths(config: Any, system: str) -> None:
+    """Raise naming the first path-valued setting of ``config`` whose file or folder is missing.
+
+    Separate from the dataclass's own checks: algorithm code and tests build configs
+    for files written later; ``vllm-ext serve`` and ``vllm serve`` call this before
+    vLLM starts, so a typo in a path is one line, not a traceback deep into start-up.
+    """
+    for f in path_fields(type(config)):
+        value = getattr(config, f.name)
+        if value is None or value in f.metadata["not_paths"]:
+            continue
+        kind = f.metadata["path"]
+        exists = os.path.isfile(value) if kind == "file" else os.path.isdir(value)
+        if not exists:
+            where = f'additional_config["{system}"]'
+            if is_experimental(f):
+                where += f'["{EXPERIMENTAL}"]'
+            other = "folder" if os.path.isdir(value) else "file" if os.path.exists(value) else None
+            found = f" (it is a {other})" if other else ""
+            relative = "" if os.path.isabs(value) else f" (relative to {os.getcwd()})"
+            raise ConfigError(
+                f"{where}.{f.name}: no such {PATH_KINDS[kind]} {value!r}{found}{relative}"
+            )
 
 
 def is_experimental(f: dataclasses.Field) -> bool:
@@ -272,6 +321,8 @@ def config_table(cls: type, system: str, experimental: bool = False) -> str:
         named = typing.get_origin(hint) is not typing.Literal
         type_name = (getattr(hint, "__name__", None) if named else None) or str(hint)
         doc = f.metadata.get("doc", "")
+        if f.metadata.get("path"):
+            doc += f" (an existing {PATH_KINDS[f.metadata['path']]}: checked before vLLM starts)"
         env = env_var_name(system, f.name)
         cells = (f"`{f.name}`", f"`{type_name.replace('typing.', '')}`", f"`{default}`", f"`{env}`")
         # GitHub tables split cells at every "|", even inside code spans, unless escaped

@@ -7,7 +7,9 @@ and scheduler side, aggregated by the scheduler) → ``SchedulerStats`` → API
 server → ``build_prom_metrics(...).observe()``. A connector that mixes in
 :class:`PublishesCounters` gets all of that from two class attributes.
 
-Exported names: ``vllm_ext:<system>_<counter>_total`` with vLLM's
+Exported names: ``vllm_ext:<system>_<counter>_total``, gauges
+``vllm_ext:<system>_<gauge>`` (with their own label, if declared) and histograms
+``vllm_ext:<system>_<histogram>_{bucket,sum,count}``, all with vLLM's
 ``model_name`` / ``engine`` labels.
 """
 
@@ -22,7 +24,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from vllm_ext.common.counters import Counters, CounterSpec
+from vllm_ext.common.counters import (
+    GAUGE,
+    HIST,
+    Counters,
+    CounterSpec,
+    GaugeSpec,
+    HistogramSpec,
+    merge_updates,
+)
 
 METRIC_PREFIX = "vllm_ext:"
 
@@ -34,12 +44,12 @@ class CounterStats(KVConnectorStats):
         self.data = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name, amount in other.data.items():
-            self.data[name] = self.data.get(name, 0.0) + amount
+        merge_updates(self.data, other.data)
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
+        # vLLM logs this: observations as their count
+        return {k: len(v) if k.startswith(HIST) else v for k, v in self.data.items()}
 
     def is_empty(self) -> bool:
         return not self.data
@@ -60,7 +70,8 @@ def _unregister(name: str) -> None:
 
 
 class CounterPromMetrics(KVConnectorPromMetrics):
-    """One Prometheus counter per :class:`CounterSpec`, per engine."""
+    """One Prometheus counter per :class:`CounterSpec`, gauge per :class:`GaugeSpec` and
+    histogram per :class:`HistogramSpec`, per engine."""
 
     def __init__(
         self,
@@ -73,17 +84,55 @@ class CounterPromMetrics(KVConnectorPromMetrics):
     ):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self._per_engine: dict[str, dict[int, Any]] = {}
+        # labelled gauges: the metric and its label, bound per engine at observe time
+        self._labelled: dict[str, Any] = {}
         for spec in specs:
             name = metric_name(system, spec.name)
             _unregister(name)
-            counter = self._counter_cls(name=name, documentation=spec.doc, labelnames=labelnames)
-            self._per_engine[spec.name] = create_metric_per_engine(counter, per_engine_labelvalues)
+            if isinstance(spec, GaugeSpec):
+                names = [*labelnames, spec.label] if spec.label else labelnames
+                # the latest value wins across API-server processes, as vLLM's own gauges
+                gauge = self._gauge_cls(name=name, documentation=spec.doc, labelnames=names,
+                                        multiprocess_mode="mostrecent")  # fmt: skip
+                if spec.label:
+                    self._labelled[GAUGE + spec.name] = gauge
+                else:
+                    per_engine = create_metric_per_engine(gauge, per_engine_labelvalues)
+                    self._per_engine[GAUGE + spec.name] = per_engine
+            elif isinstance(spec, HistogramSpec):
+                histogram = self._histogram_cls(name=name, documentation=spec.doc,
+                                                labelnames=labelnames,
+                                                buckets=list(spec.buckets))  # fmt: skip
+                per_engine = create_metric_per_engine(histogram, per_engine_labelvalues)
+                self._per_engine[HIST + spec.name] = per_engine
+            else:
+                counter = self._counter_cls(name=name, documentation=spec.doc,
+                                            labelnames=labelnames)  # fmt: skip
+                per_engine = create_metric_per_engine(counter, per_engine_labelvalues)
+                self._per_engine[spec.name] = per_engine
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
-        for name, amount in transfer_stats_data.items():
-            per_engine = self._per_engine.get(name)
-            if per_engine is not None and amount > 0:
-                per_engine[engine_idx].inc(amount)
+        for key, value in transfer_stats_data.items():
+            if key.startswith(GAUGE):
+                self._set_gauge(key, value, engine_idx)
+                continue
+            per_engine = self._per_engine.get(key)
+            if per_engine is None:
+                continue
+            if key.startswith(HIST):
+                for observation in value:
+                    per_engine[engine_idx].observe(observation)
+            elif value > 0:
+                per_engine[engine_idx].inc(value)
+
+    def _set_gauge(self, key: str, value: float, engine_idx: int) -> None:
+        name, _, label = key.partition(":")[2].partition(":")
+        if label:
+            gauge = self._labelled.get(GAUGE + name)
+            if gauge is not None:
+                gauge.labels(*self.per_engine_labelvalues[engine_idx], label).set(value)
+        elif (per_engine := self._per_engine.get(GAUGE + name)) is not None:
+            per_engine[engine_idx].set(value)
 
 
 class PublishesCounters:
@@ -95,7 +144,7 @@ class PublishesCounters:
     """
 
     COUNTER_SYSTEM: ClassVar[str]
-    COUNTER_SPECS: ClassVar[tuple[CounterSpec, ...]]
+    COUNTER_SPECS: ClassVar[tuple[CounterSpec | GaugeSpec | HistogramSpec, ...]]
     counters: Counters
 
     @classmethod

@@ -23,6 +23,7 @@ from vllm_ext.common import parallel_gate
 from vllm_ext.common.config import (
     ENV_PREFIX,
     ConfigError,
+    check_paths,
     did_you_mean,
     load_config,
     reject_old_env,
@@ -83,6 +84,14 @@ def validate_additional_config(
         system: load_config(config_class(system), system, additional.get(system), environ)
         for system in SYSTEM_CONFIGS
     }
+
+
+def check_config_paths(configs: Mapping[str, object]) -> None:
+    """Every path-valued setting of ``configs`` (:func:`validate_additional_config`'s result)
+    names an existing file or folder; raises :class:`ConfigError` naming the first that does not.
+    """
+    for system, config in configs.items():
+        check_paths(config, system)
 
 
 def config_from_vllm(system: str, vllm_config: Any) -> Any:
@@ -227,7 +236,7 @@ def validate_serve_argv(argv: Sequence[str], environ: Mapping[str, str] = os.env
     _validated = True
     try:
         additional = additional_config_from_argv(argv[2:])
-        validate_additional_config(additional or {}, environ)
+        check_config_paths(validate_additional_config(additional or {}, environ))
     except ConfigError as exc:
         import sys
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -44,9 +45,15 @@ class HiStateConfig:
     """Settings of the HiState tiers, eviction queue and snapshot admission."""
 
     host_bytes: int = option(32 * GIB, doc="host-memory tier capacity, KV + snapshots (>= 0)")
-    ssd_bytes: int = option(256 * GIB, doc="SSD tier capacity, snapshots only (>= 0)")
+    ssd_bytes: int = option(
+        256 * GIB,
+        doc="SSD tier capacity, snapshots only (>= 0; 0 = no SSD tier); capped at start by the "
+        "free space on the folder's disk (plus what the folder holds), logged",
+    )
     directory: str | None = option(
-        None, doc="SSD tier folder (created if missing); None = no SSD tier"
+        None,
+        doc="SSD tier folder (created if missing; '~' expands); None = the user cache folder, "
+        "$XDG_CACHE_HOME/vllm_ext/histate (else ~/.cache/vllm_ext/histate)",
     )
     policy: Literal["lru", "marconi", "histate"] = option(
         "histate",
@@ -130,6 +137,9 @@ class HiStateConfig:
             raise ConfigError(
                 f"HiStateConfig.directory must be a non-empty path or None, got {self.directory!r}"
             )
+        if self.directory is not None:
+            # "~/.cache/..." means the user's folder everywhere it is read (folder checks too)
+            object.__setattr__(self, "directory", os.path.expanduser(self.directory))
         _check_float("time_weight", self.time_weight, lambda v: v >= 0, ">= 0")
         _check_float("prefill_s_per_token", self.prefill_s_per_token, lambda v: v > 0, "> 0")
         _check_float("prefill_s_per_token2", self.prefill_s_per_token2, lambda v: v >= 0, ">= 0")

@@ -64,6 +64,7 @@ from vllm_ext.histate.policy import snap_key
 from vllm_ext.histate.runtime import COUNTER_SPECS, HiStateRuntime
 from vllm_ext.histate.scheduler_side import SchedulerSide
 from vllm_ext.histate.snapfile import SnapshotStore, scan
+from vllm_ext.histate.ssd_tier import sized_ssd_tier
 from vllm_ext.histate.worker_store import WorkerStore
 from vllm_ext.patches import mamba_external_state_count
 
@@ -81,7 +82,8 @@ class HiStateConnector(PublishesCounters, KVConnectorBase_V1, SupportsHMA):
         self.counters = self.make_counters()
         # the scheduler and the worker read the same block of --additional-config
         reject_connector_extra_config(self._kv_transfer_config.kv_connector_extra_config)
-        self.config = config_from_vllm(SYSTEM, vllm_config)
+        # SSD folder as served: "~" expanded, capacity capped by its disk (logged)
+        self.config = sized_ssd_tier(config_from_vllm(SYSTEM, vllm_config))
         # before anything in the folder is read (the namespace reads its fingerprint cache)
         ensure_safe_folder(self.config)
         if vllm_config.parallel_config.world_size > 1:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from vllm_ext.common.counters import Counters, CounterSpec
+from vllm_ext.common.counters import Counters, CounterSpec, GaugeSpec, HistogramSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.counters import COUNTER_SPECS as ALGORITHM_SPECS
@@ -67,7 +67,20 @@ ADAPTER_SPECS = (
         "freed device blocks whose snapshot a tier holds, uncached so vLLM reuses them first",
     ),
 )
-COUNTER_SPECS = ALGORITHM_SPECS + ADAPTER_SPECS
+# what users graph: how full each tier is, how long a hit waits for its restore
+GAUGE_SPECS = (
+    GaugeSpec("tier_used_bytes", "bytes held by each HiState tier (host, ssd)", label="tier"),
+    GaugeSpec("tier_capacity_bytes", "capacity of each HiState tier (host, ssd)", label="tier"),
+)
+HISTOGRAM_SPECS = (
+    HistogramSpec(
+        "restore_seconds",
+        "from a request's first hit in HiState's tiers until its restore is scheduled "
+        "(an SSD snapshot's read included)",
+        (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    ),
+)
+COUNTER_SPECS = ALGORITHM_SPECS + ADAPTER_SPECS + GAUGE_SPECS + HISTOGRAM_SPECS
 
 
 @dataclass

@@ -17,6 +17,7 @@ finds a shorter hit or a miss. So a load sent to the worker never fails.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from vllm_ext.histate.config import HiStateConfig
 from vllm_ext.histate.lookup import ROOT, tail_hash
 from vllm_ext.histate.policy import DECODE_END, Kind, kv_key, snap_key, tail_kv_key, tail_snap_key
 from vllm_ext.histate.pricing import chain_prices, held_snapshot_positions
-from vllm_ext.histate.runtime import HOST, HiStateRuntime, LoadPlan, snapshot_reason
+from vllm_ext.histate.runtime import HOST, SSD, HiStateRuntime, LoadPlan, snapshot_reason
 from vllm_ext.histate.worker_store import DROP, STAGE, UNSTAGE, LoadJob
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class SchedulerSide:
         self._final_stores: list[tuple[str, int, int]] = []
         self._releases: list[str] = []
         self._tail_pending: dict[str, tuple[str, int, str]] = {}  # snapshot key -> tail
+        # request id -> when its current hit was first planned (restore latency)
+        self._hit_since: dict[str, float] = {}
 
     def on_new_request(self, request) -> None:
         self._requests[request.request_id] = request
@@ -112,6 +115,7 @@ class SchedulerSide:
             return 0, False
         self.runtime.pin(plan)
         self._plans[req_id] = (local, plan)
+        self._hit_since.setdefault(req_id, time.monotonic())
         if plan.snapshot_tier == HOST:
             self._unstage(req_id)
             return plan.end(bs) - local * bs, False
@@ -167,6 +171,9 @@ class SchedulerSide:
         self._sent.append(plan)
         self._last_snapshot[request.request_id] = end // self.block_size
         self.runtime.record_hit(plan, self.block_size)
+        since = self._hit_since.pop(request.request_id, None)
+        if since is not None:
+            self.counters.observe("restore_seconds", time.monotonic() - since)
 
     def _loadable(self, req_id: str, plan: LoadPlan) -> bool:
         staged = self._staged.get(req_id)
@@ -205,6 +212,9 @@ class SchedulerSide:
         for plan in self._sent:
             self.runtime.unpin(plan)
         self._sent = []
+        for tier, queue in ((HOST, self.runtime.tiers.host), (SSD, self.runtime.tiers.ssd)):
+            self.counters.set("tier_used_bytes", queue.used_bytes, tier)
+            self.counters.set("tier_capacity_bytes", queue.capacity, tier)
         return meta
 
     def _plan_stores(self, meta: HiStateMetadata, state, req_id: str, n: int) -> None:
@@ -329,7 +339,7 @@ class SchedulerSide:
         held = block_ids is not None and self._plan_tail_store(request, block_ids)
         self._release_plan(req_id)
         self._unstage(req_id)
-        for table in (self._requests, self._branch, self._last_snapshot):
+        for table in (self._requests, self._branch, self._last_snapshot, self._hit_since):
             table.pop(req_id, None)
         return held
 
@@ -398,4 +408,5 @@ class SchedulerSide:
             "loads": len(self._loads),
             "inflight": len(self._inflight),
             "staging": len(self._staging) + len(self._staged),
+            "hits_waiting": len(self._hit_since),
         }

@@ -27,7 +27,9 @@ class LeapConfig:
     """Settings of the LEAP scheduler, predictor and online correction."""
 
     weights_path: str | None = option(
-        None, doc="calibrated weights (.npz) from the calibrate CLI; None = no prediction (FCFS)"
+        None,
+        path="file",
+        doc="calibrated weights (.npz) from the calibrate CLI; None = no prediction (FCFS)",
     )
     layer: int | None = option(
         None,
@@ -65,6 +67,7 @@ class LeapConfig:
     )
     refine_weights_path: str | None = option(
         None,
+        path="file",
         doc="refinement head (.npz, from calibrate --refine-every): re-predicts the remaining "
         "length from the probe layer's state while decoding; None = prefill prediction only",
     )

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vllm_ext.common.counters import Counters, CounterSpec
+from vllm_ext.common.counters import Counters, CounterSpec, GaugeSpec, HistogramSpec
 from vllm_ext.common.log import get_logger
 from vllm_ext.leap.config import LeapConfig
 from vllm_ext.leap.offload import Job, KeepUp, PredictorThread
@@ -76,6 +76,13 @@ COUNTERS = (
     # off the step: the worker's probe read-out, and the background thread's busy time
     CounterSpec("worker_probe_seconds", "worker: reading the probe vectors out after a forward"),
     CounterSpec("predictor_thread_seconds", "busy time of LEAP's background thread (off the step)"),
+    # what users graph: the queues LEAP orders, and how far its predictions miss
+    GaugeSpec("queue_length", "requests in the scheduler's queues LEAP orders", label="queue"),
+    HistogramSpec(
+        "prediction_abs_log_error",
+        "|log1p(predicted) - log1p(true)| of each finished request used for RLS",
+        (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0),
+    ),
 )
 
 
@@ -621,6 +628,7 @@ class LeapRuntime:
             else:
                 self.counters.inc("rls_updates")
                 self.counters.inc("abs_log_error_sum", abs(float(error)))
+                self.counters.observe("prediction_abs_log_error", abs(float(error)))
                 self._maybe_checkpoint()
         elif self.model is not None:
             self.counters.inc("rls_skipped")

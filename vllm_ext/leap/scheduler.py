@@ -172,6 +172,8 @@ class LeapSchedulerMixin:
         if probes is not None:
             admitted = sum(self.requests[i].status == RequestStatus.RUNNING for i in probes)
             self.leap.counters.inc("lane_probes", admitted)
+        self.leap.counters.set("queue_length", len(self.waiting), "waiting")
+        self.leap.counters.set("queue_length", len(self.running), "running")
         return output
 
     def _leap_prepare(self, now: float) -> list[str] | None:
