@@ -15,6 +15,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from vllm_ext.common.parallel_gate import parallel_sizes
+
 
 class LaunchError(ValueError):
     """The requested combination of plugins and vLLM flags cannot be composed."""
@@ -183,34 +185,8 @@ def _reserved_cpu_env(
         return {}
     if any(s.transfers_kv for s in connectors):
         return {}
-    ranks = _local_world_size(args)
-    return {} if ranks is None else {RESERVED_CPU_ENV: str(ranks)}
-
-
-def _local_world_size(args: Sequence[str]) -> int | None:
-    """Ranks on this host from ``--tensor-parallel-size`` x ``--pipeline-parallel-size``
-    (vLLM's defaults: 1); None when a value is not a positive integer (vLLM will say so)."""
-    size = 1
-    for long, short in (("--tensor-parallel-size", "-tp"), ("--pipeline-parallel-size", "-pp")):
-        values = _user_values(args, long) + _short_values(args, short)
-        if not values:
-            continue
-        try:
-            size *= int(values[-1] or "")
-        except ValueError:
-            return None
-    return size if size >= 1 else None
-
-
-def _short_values(args: Sequence[str], flag: str) -> list[str | None]:
-    """Values of a short option (``-tp 2`` or ``-tp=2``)."""
-    out: list[str | None] = []
-    for i, arg in enumerate(args):
-        if arg == flag:
-            out.append(args[i + 1] if i + 1 < len(args) else None)
-        elif arg.startswith(flag + "="):
-            out.append(arg.split("=", 1)[1])
-    return out
+    tensor, pipeline = parallel_sizes(args)
+    return {RESERVED_CPU_ENV: str(max(1, tensor * pipeline))}
 
 
 def _option_name(arg: str) -> str | None:

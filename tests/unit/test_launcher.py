@@ -236,7 +236,6 @@ def test_a_seam_only_connector_keeps_plain_vllms_cpu_reservation(args, reserved)
         (["seam", "store"], [], {}),  # a connector that transfers keeps vLLM's extra core
         (["seam"], ["--kv-transfer-config", '{"kv_connector": "X", "kv_role": "kv_both"}'], {}),
         (["seam"], [], {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),  # the user's own choice
-        (["seam"], ["-tp", "two"], {}),  # vLLM names the bad value
         (["route"], [], {}),  # no connector: vLLM reserves as plain
     ],
 )

@@ -28,29 +28,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from vllm_ext.common.argv import flag_values, int_or_one
+
 TENSOR_FLAGS = ("--tensor-parallel-size", "-tp")
 PIPELINE_FLAGS = ("--pipeline-parallel-size", "-pp")
 
 
-def _values(args: Sequence[str], names: tuple[str, ...]) -> list[str]:
-    """Values given to any of ``names`` (``--name v``, ``--name=v``; ``_`` for ``-`` too)."""
-    values = []
-    for i, arg in enumerate(args):
-        name, has_value, value = arg.partition("=")
-        if name.replace("_", "-") not in names:
-            continue
-        if not has_value:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        values.append(value)
-    return values
-
-
 def _size(args: Sequence[str], names: tuple[str, ...]) -> int:
-    values = _values(args, names)
-    try:
-        return int(values[-1]) if values else 1  # the last one wins, as in argparse
-    except ValueError:
-        return 1  # vLLM's own parser reports it
+    values = flag_values(args, names)
+    return int_or_one(values[-1]) if values else 1
 
 
 def parallel_sizes(args: Sequence[str]) -> tuple[int, int]:
@@ -64,7 +50,7 @@ def _mentions(args: Sequence[str], *needles: str) -> bool:
 
 def _model(args: Sequence[str]) -> str | None:
     """The model ``vllm serve`` would load: its positional argument or ``--model``."""
-    given = _values(args, ("--model",))
+    given = flag_values(args, ("--model",))
     if given:
         return given[-1]
     return args[0] if args and not args[0].startswith("-") else None
@@ -99,7 +85,7 @@ def refusal(args: Sequence[str]) -> str | None:
             "the model through one worker's transport; serve ARK with tensor and pipeline "
             "parallel 1"
         )
-    quantization = (_quant_method(_model(args)), *_values(args, ("--quantization", "-q")))
+    quantization = (_quant_method(_model(args)), *flag_values(args, ("--quantization", "-q")))
     if tp > 1 and "etaps" in quantization:
         return (
             f"ETAPS checkpoints need --tensor-parallel-size 1, got {tp}: the compact row-sparse "

@@ -19,6 +19,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from vllm_ext.common.argv import flag_values, int_or_one
+
 
 def refusal(prefill_context_parallel_size: int = 1, use_ubatching: bool = False) -> str | None:
     """Why LEAP's probe cannot map this engine's rows; None when it can.
@@ -63,32 +65,11 @@ def selects_leap(args: Sequence[str]) -> bool:
     return False
 
 
-def _flag_values(args: Sequence[str], names: tuple[str, ...]) -> list[str]:
-    """Values given to any of ``names`` (``--name v``, ``--name=v``; a bare flag gives "")."""
-    values = []
-    for i, arg in enumerate(args):
-        name, has_value, value = arg.partition("=")
-        if name.replace("_", "-") not in names:
-            continue
-        if not has_value:
-            following = args[i + 1] if i + 1 < len(args) else ""
-            value = "" if following.startswith("-") else following
-        values.append(value)
-    return values
-
-
-def _as_int(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return 1  # vLLM's own parser reports it
-
-
 def argv_refusal(args: Sequence[str]) -> str | None:
     """:func:`refusal` for ``vllm serve`` arguments (after ``serve``)."""
-    pcp = [_as_int(v) for v in _flag_values(args, ("--prefill-context-parallel-size", "-pcp"))]
-    ubatch = [_as_int(v) for v in _flag_values(args, ("--ubatch-size",))]
-    dbo = [v.lower() not in ("false", "0") for v in _flag_values(args, ("--enable-dbo",))]
+    pcp = [int_or_one(v) for v in flag_values(args, ("--prefill-context-parallel-size", "-pcp"))]
+    ubatch = [int_or_one(v) for v in flag_values(args, ("--ubatch-size",))]
+    dbo = [v.lower() not in ("false", "0") for v in flag_values(args, ("--enable-dbo",))]
     return refusal(max(pcp, default=1), any(dbo) or max(ubatch, default=1) > 1)
 
 

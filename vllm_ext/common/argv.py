@@ -1,0 +1,29 @@
+"""Reading ``vllm serve`` arguments before vLLM parses them (the plugin and the launcher
+run first, so a refusal can name the problem before any engine work)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def flag_values(args: Sequence[str], names: tuple[str, ...]) -> list[str]:
+    """Values given to any of ``names`` (``--name v``, ``--name=v``, ``_`` for ``-``; a bare
+    flag gives ""), in order: the last one wins, as in argparse."""
+    values = []
+    for i, arg in enumerate(args):
+        name, has_value, value = arg.partition("=")
+        if name.replace("_", "-") not in names:
+            continue
+        if not has_value:
+            following = args[i + 1] if i + 1 < len(args) else ""
+            value = "" if following.startswith("-") else following
+        values.append(value)
+    return values
+
+
+def int_or_one(value: str) -> int:
+    """``value`` as an int; 1 (vLLM's default) when it is not one: vLLM's parser reports it."""
+    try:
+        return int(value)
+    except ValueError:
+        return 1
