@@ -3,7 +3,9 @@ run first, so a refusal can name the problem before any engine work)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 
 def flag_values(args: Sequence[str], names: tuple[str, ...]) -> list[str]:
@@ -27,3 +29,10 @@ def int_or_one(value: str) -> int:
         return int(value)
     except ValueError:
         return 1
+
+
+def exit_serve_error(problem: object) -> NoReturn:
+    """Stop ``vllm serve`` with one line, as its own argparse errors do (exit status 2)."""
+    sys.stderr.write(f"vllm serve: error: {problem}\n")
+    sys.stderr.flush()
+    raise SystemExit(2) from None

@@ -22,11 +22,11 @@ import functools
 import importlib
 import importlib.util
 import re
-import sys
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from vllm_ext.common.argv import exit_serve_error
 from vllm_ext.common.log import get_logger
 from vllm_ext.common.seam import KINDS, Seam
 from vllm_ext.common.seam_checks import found, resolve, seam_problem
@@ -51,9 +51,7 @@ def _discover_systems() -> tuple[str, ...]:
 
 SYSTEMS: tuple[str, ...] = _discover_systems()
 SEAMS: tuple[Seam, ...] = tuple(
-    seam
-    for system in SYSTEMS
-    for seam in importlib.import_module(f"vllm_ext.{system}.seams").SEAMS
+    seam for system in SYSTEMS for seam in importlib.import_module(f"vllm_ext.{system}.seams").SEAMS
 )
 
 # "Class.method" of our overrides vLLM never calls, with the reason (each seams.py's UNCALLED)
@@ -272,9 +270,7 @@ def refuse_serve(argv: Sequence[str]) -> None:
         runner = ("v1" if has_v1_runner() else "v2") if system == "leap" else None
         line = refusal(system, runner)
         if line is not None:
-            sys.stderr.write(f"vllm serve: error: {line}\n")
-            sys.stderr.flush()
-            raise SystemExit(2)
+            exit_serve_error(line)
 
 
 @functools.cache

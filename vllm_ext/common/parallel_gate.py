@@ -24,11 +24,10 @@ started otherwise (an offline ``LLM``, a ``--config`` file).
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from vllm_ext.common.argv import flag_values, int_or_one
+from vllm_ext.common.argv import exit_serve_error, flag_values, int_or_one
 
 TENSOR_FLAGS = ("--tensor-parallel-size", "-tp")
 PIPELINE_FLAGS = ("--pipeline-parallel-size", "-pp")
@@ -105,6 +104,4 @@ def refuse_serve(argv: Sequence[str]) -> None:
         return
     problem = refusal(argv[2:])
     if problem is not None:
-        sys.stderr.write(f"vllm serve: error: {problem}\n")
-        sys.stderr.flush()
-        raise SystemExit(2)
+        exit_serve_error(problem)

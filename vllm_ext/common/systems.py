@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllm_ext.common import parallel_gate
+from vllm_ext.common.argv import exit_serve_error
 from vllm_ext.common.config import (
     ENV_PREFIX,
     ConfigError,
@@ -238,10 +239,6 @@ def validate_serve_argv(argv: Sequence[str], environ: Mapping[str, str] = os.env
         additional = additional_config_from_argv(argv[2:])
         check_config_paths(validate_additional_config(additional or {}, environ))
     except ConfigError as exc:
-        import sys
-
-        sys.stderr.write(f"vllm serve: error: {exc}\n")
-        sys.stderr.flush()
-        raise SystemExit(2) from None
+        exit_serve_error(exc)
     # a system that cannot run on this many ranks: one line now, not a worker's traceback later
     parallel_gate.refuse_serve(argv)

@@ -16,10 +16,9 @@ its arguments (:func:`refuse_serve`), and by the loader before the weights load.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from vllm_ext.common.argv import flag_values, int_or_one
+from vllm_ext.common.argv import exit_serve_error, flag_values, int_or_one
 
 
 def refusal(prefill_context_parallel_size: int = 1, use_ubatching: bool = False) -> str | None:
@@ -83,6 +82,4 @@ def refuse_serve(argv: Sequence[str]) -> None:
         return
     problem = argv_refusal(argv[2:])
     if problem is not None:
-        sys.stderr.write(f"vllm serve: error: {problem}\n")
-        sys.stderr.flush()
-        raise SystemExit(2)
+        exit_serve_error(problem)
